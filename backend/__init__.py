@@ -1,0 +1,1 @@
+"""EagleChat backend: the engine, services and the public API the UI and CLI use."""

@@ -1,0 +1,119 @@
+"""Settings objects that cross the backend boundary. Each default is defined here only.
+
+All are frozen dataclasses validated in ``__post_init__``: a bad value is a ConfigError with a
+message a user can act on, raised before any model work starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from backend.errors import ConfigError, InputError
+
+Mode = Literal["eagle", "vanilla"]
+TreeShape = Literal["dynamic", "static"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["none", "8bit", "4bit"]
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """How the next token is chosen. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0  # 0 = greedy; 0.7-1.0 typical for chat
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None  # fixes the sampling RNG for reproducible runs
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConfig:
+    """Shape of the draft tree verified per target forward (EAGLE-2 dynamic or EAGLE-1 static).
+
+    total_tokens counts the root (the last accepted token) plus the drafted nodes, so the
+    target verifies ``total_tokens`` positions per round. depth is the longest drafted path,
+    top_k the branching per expansion. The static shape uses EAGLE-1's fixed tree and ignores
+    total_tokens/top_k.
+    """
+
+    total_tokens: int = 16  # nodes verified per round incl. root; ~60 on GPUs, ~8-16 on CPUs
+    depth: int = 5  # draft steps per round
+    top_k: int = 4  # children kept per expansion
+    shape: TreeShape = "dynamic"
+
+    def __post_init__(self) -> None:
+        if self.shape not in ("dynamic", "static"):
+            raise ConfigError(f"tree shape must be 'dynamic' or 'static', got {self.shape!r}")
+        if self.depth < 1:
+            raise ConfigError(f"tree depth must be >= 1, got {self.depth}")
+        if self.top_k < 1:
+            raise ConfigError(f"tree top_k must be >= 1, got {self.top_k}")
+        if self.total_tokens < 2:
+            raise ConfigError(
+                f"tree total_tokens must be >= 2 (the root plus at least one draft), "
+                f"got {self.total_tokens}"
+            )
+        max_nodes = 1 + self.top_k + (self.depth - 1) * self.top_k * self.top_k
+        if self.shape == "dynamic" and self.total_tokens > max_nodes:
+            raise ConfigError(
+                f"tree total_tokens={self.total_tokens} exceeds what depth={self.depth} and "
+                f"top_k={self.top_k} can draft ({max_nodes} nodes)",
+                hint="raise depth or top_k, or lower total_tokens",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    """Everything one generation needs besides the prompt."""
+
+    mode: Mode = "eagle"
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    stop_on_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("eagle", "vanilla"):
+            raise ConfigError(f"mode must be 'eagle' or 'vanilla', got {self.mode!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise InputError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    """Which target/head pair to load and how."""
+
+    target: str  # local path or Hub repo id
+    head: str | None = None  # local path or Hub repo id; None = vanilla only
+    dtype: DType = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    quantization: Quantization = "none"
+    device_map: str | None = None  # accelerate device_map, e.g. "auto"; None = one device
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            raise ConfigError("a target model (path or Hub id) is required")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.quantization not in ("none", "8bit", "4bit"):
+            raise ConfigError(
+                f"quantization must be none|8bit|4bit, got {self.quantization!r}"
+            )

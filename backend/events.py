@@ -1,0 +1,113 @@
+"""Plain data objects that leave the backend: generation stream and progress.
+
+Everything here is a frozen dataclass of plain Python values (no tensors, no tokenizer, no UI
+types), so the UI, the CLI's ``--json``, the HTTP API and the benchmark can consume or
+serialise it directly with :func:`to_dict`.
+
+Definitions used everywhere:
+- *accepted drafts* of a round: drafted tokens the target agreed with; the bonus token the
+  target produced itself after them is not counted.
+- *acceptance length* of a round: accepted drafts + 1 (the tokens one target forward yields).
+- *tau* (average acceptance length): tokens produced by verification rounds / number of rounds.
+  The first token, produced by the prefill forward, is counted in neither, so vanilla decoding
+  has tau exactly 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+TokenSource = Literal["draft", "target"]
+StopReason = Literal["eos", "max_new_tokens", "stop_string", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class TextSpan:
+    """A piece of reply text and who produced it: an accepted draft or the target itself."""
+
+    text: str
+    source: TokenSource
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    request_id: str
+    mode: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCompleted:
+    """One verification round (EAGLE) or one decoding step (vanilla, and the prefill token)."""
+
+    request_id: str
+    round_index: int  # 0 is the prefill's token
+    token_ids: tuple[int, ...]  # new tokens of this round, in order, after stop truncation
+    spans: tuple[TextSpan, ...]  # their text, split by source
+    num_accepted_drafts: int  # drafted tokens accepted this round (bonus token excluded)
+    tree_size: int  # nodes verified this round incl. the root; 1 for vanilla
+    draft_s: float
+    verify_s: float
+    bookkeeping_s: float
+    elapsed_s: float  # since the request started
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSummary:
+    new_tokens: int
+    rounds: int  # verification rounds after the prefill
+    target_forwards: int  # target forwards after the prefill (== rounds)
+    tau: float  # see module docstring
+    accept_lengths: tuple[int, ...]  # accepted drafts per round
+    accept_per_depth: tuple[float, ...]  # fraction of rounds that accepted >= d drafts, d=1..
+    tokens_per_s: float  # new tokens / total wall time incl. prefill
+    ttft_s: float  # time to the first new token
+    total_s: float
+    draft_s: float  # total time spent drafting
+    verify_s: float  # total time in target forwards after the prefill
+    stop_reason: StopReason
+    text: str
+    token_ids: tuple[int, ...]
+    hint: str = ""  # plain-words reason when the speedup is likely low
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: str
+    summary: GenerationSummary
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationFailed:
+    """Last event of a stream that hit a known (or unknown) error. Never a blank reply."""
+
+    request_id: str
+    code: str
+    message: str
+    hint: str = ""
+
+
+GenerationEvent = Union[Started, RoundCompleted, Finished, GenerationFailed]
+
+ProgressStage = Literal["resolve", "download", "load", "quantize", "warmup"]
+ProgressUnit = Literal["bytes", "files", "steps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Progress of a download or load; ``total`` None when unknown."""
+
+    stage: ProgressStage
+    done: float
+    total: float | None
+    unit: ProgressUnit
+    message: str = ""
+
+
+def to_dict(event: Any) -> dict[str, Any]:
+    """JSON-ready dict of any event, with its type name under ``"event"``."""
+    data = dataclasses.asdict(event)
+    data["event"] = type(event).__name__
+    return data

@@ -1,0 +1,1 @@
+"""Draft-head networks, their checkpoint formats, feature capture and training."""
