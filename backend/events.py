@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 TokenSource = Literal["draft", "target"]
-StopReason = Literal["eos", "max_new_tokens", "stop_string", "cancelled"]
+StopReason = Literal["eos", "max_new_tokens", "context_length", "stop_string", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)

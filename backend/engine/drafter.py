@@ -1,0 +1,203 @@
+"""The drafter: turns a draft head into proposal trees, one per verification round.
+
+Contract (fixed for every drafting strategy, so the loop never grows flags):
+    begin(prompt_ids, first_token, prompt_features)   after the prefill
+    propose(root_token, tree_config) -> DraftTree      before each verification
+    commit(new_tokens, accepted_features)              after each verification
+
+Position convention (eagle.md §2): the head's sequence is the target's shifted by one. Head
+position t takes (feature of target position t, token t+1) and predicts the feature of t+1.
+So after ``commit`` the head cache holds exactly as many entries as the target cache, and its
+last output (``_root_hidden``) predicts the children of the root token.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from backend.config import TreeConfig
+from backend.engine import kv
+from backend.engine.tree import DraftTree, static_levels
+from models.heads.base import DraftHead
+from models.heads.layers import causal_bias
+
+
+class Drafter(Protocol):
+    feature_indices: tuple[int, ...]
+
+    def begin(
+        self, prompt_ids: torch.Tensor, first_token: int, prompt_features: torch.Tensor
+    ) -> None: ...
+
+    def propose(self, root_token: int, tree: TreeConfig) -> DraftTree: ...
+
+    def commit(self, new_tokens: list[int], accepted_features: torch.Tensor) -> None: ...
+
+
+class EagleDrafter:
+    """EAGLE-1/2/3 drafting; the kinds differ only in the head object it holds."""
+
+    def __init__(self, head: DraftHead, num_target_layers: int) -> None:
+        self.head = head
+        self.feature_indices = head.feature_layers(num_target_layers)
+        self.dtype, self.device = head.dtype_device()
+        self._cache = kv.new_cache()
+        self._committed = 0
+        self._root_hidden: torch.Tensor | None = None  # [1, 1, H]
+
+    # ---- 1. prefill ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def begin(
+        self, prompt_ids: torch.Tensor, first_token: int, prompt_features: torch.Tensor
+    ) -> None:
+        self._cache = kv.new_cache()
+        self._committed = 0
+        shifted = torch.cat([prompt_ids[1:].to(self.device), self._tokens([first_token])])
+        self._extend(shifted, prompt_features)
+
+    # ---- 2. one round's tree ------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, root_token: int, tree: TreeConfig) -> DraftTree:
+        if tree.shape == "static":
+            return self._propose_static(root_token, tree.depth)
+        return self._propose_dynamic(root_token, tree)
+
+    def _propose_dynamic(self, root_token: int, config: TreeConfig) -> DraftTree:
+        """EAGLE-2: expand the best top_k frontier nodes per level by cumulative log-prob, then
+        keep the global best ``total_tokens - 1`` candidates."""
+        root_logp = self._log_probs(self._root_hidden)[0]  # [Vd]
+        width = min(config.top_k, root_logp.numel())
+        first = root_logp.topk(width)
+        cand_tokens, cand_scores = [first.indices], [first.values]
+        cand_parents = [torch.full((width,), -1, device=self.device)]
+        frontier = torch.arange(width, device=self.device)  # global candidate indices
+        frontier_scores = first.values
+        frontier_hidden = self._root_hidden.expand(1, width, -1)
+        frontier_tokens = first.indices
+        tree_mask = torch.zeros(width, 0, dtype=torch.bool, device=self.device)
+        num_candidates = width
+        for depth in range(1, config.depth):
+            hidden, log_probs, tree_mask = self._expand(
+                frontier_hidden, frontier_tokens, depth, tree_mask
+            )
+            top = log_probs.topk(width, dim=-1)  # [F, k]
+            scores = (frontier_scores[:, None] + top.values).flatten()  # [F*k]
+            cand_tokens.append(top.indices.flatten())
+            cand_scores.append(scores)
+            cand_parents.append(frontier.repeat_interleave(width))
+            best = scores.topk(width).indices  # next frontier among F*k children
+            parent_slot = best // width
+            frontier = num_candidates + best
+            num_candidates += scores.numel()
+            frontier_scores = scores[best]
+            frontier_tokens = top.indices.flatten()[best]
+            frontier_hidden = hidden[:, parent_slot]
+            tree_mask = tree_mask[parent_slot]
+        scores = torch.cat(cand_scores)
+        # Stable sort: on equal scores the earlier (shallower) candidate wins, so a parent is
+        # always kept when its child is (a child's score never exceeds its parent's).
+        order = torch.sort(scores, descending=True, stable=True).indices
+        chosen = order[: config.total_tokens - 1].sort().values
+        return self._assemble(
+            root_token,
+            torch.cat(cand_tokens)[chosen],
+            torch.cat(cand_parents)[chosen],
+            chosen,
+            num_candidates,
+        )
+
+    def _propose_static(self, root_token: int, depth: int) -> DraftTree:
+        """EAGLE-1: a fixed tree of top-k ranks per level."""
+        levels = static_levels(depth)
+        hidden = self._root_hidden
+        level_logp = self._log_probs(hidden)  # [1, Vd] for the root
+        tree_mask = torch.zeros(1, 0, dtype=torch.bool, device=self.device)
+        tokens, parents = [], []
+        previous_first = 0  # node index of the previous level's first node (root = 0)
+        for level_index, level in enumerate(levels):
+            slots = torch.tensor([s for s, _ in level], device=self.device)
+            ranks = torch.tensor([r for _, r in level], device=self.device)
+            max_rank = int(ranks.max()) + 1
+            top_ids = level_logp.topk(min(max_rank, level_logp.shape[-1]), dim=-1).indices
+            level_tokens = top_ids[slots, ranks.clamp(max=top_ids.shape[-1] - 1)]
+            first_index = 1 + len(tokens)
+            tokens.append(level_tokens)
+            parents.append(slots + previous_first)
+            previous_first = first_index
+            if level_index + 1 < len(levels):
+                parent_hidden = hidden[:, slots]
+                hidden, level_logp, tree_mask = self._expand(
+                    parent_hidden, level_tokens, level_index + 1, tree_mask[slots]
+                )
+        flat_tokens = torch.cat(tokens)
+        flat_parents = torch.cat(parents)
+        return DraftTree.from_parents(
+            torch.cat([self._tokens([root_token]), self.head.to_target_ids(flat_tokens)]),
+            torch.cat([torch.tensor([-1], device=self.device), flat_parents]),
+        )
+
+    def _expand(
+        self,
+        parent_hidden: torch.Tensor,  # [1, F, H] head outputs of the frontier's parents
+        tokens: torch.Tensor,  # [F] draft ids of the frontier nodes
+        depth: int,  # depth of the frontier nodes (root = 0)
+        tree_mask: torch.Tensor,  # [F, M] bool: which earlier tree entries each node sees
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the head on one tree level; returns outputs [1, F, H], log-probs [F, Vd] and the
+        level's tree mask including itself [F, M + F]."""
+        count = tokens.numel()
+        tree_mask = torch.cat(
+            [tree_mask, torch.eye(count, dtype=torch.bool, device=self.device)], dim=1
+        )
+        allowed = torch.cat(
+            [torch.ones(count, self._committed, dtype=torch.bool, device=self.device), tree_mask],
+            dim=1,
+        )
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        positions = torch.full((1, count), self._committed - 1 + depth, device=self.device)
+        target_ids = self.head.to_target_ids(tokens)[None]
+        hidden = self.head(parent_hidden, target_ids, positions, bias[None, None], self._cache)
+        return hidden, self._log_probs(hidden), tree_mask
+
+    def _assemble(
+        self,
+        root_token: int,
+        draft_ids: torch.Tensor,  # [n] chosen candidates' draft ids
+        global_parents: torch.Tensor,  # [n] candidate index of each parent (-1 = root)
+        chosen: torch.Tensor,  # [n] ascending candidate indices
+        num_candidates: int,
+    ) -> DraftTree:
+        node_of = torch.zeros(num_candidates + 1, dtype=torch.long, device=self.device)
+        node_of[chosen + 1] = torch.arange(1, chosen.numel() + 1, device=self.device)
+        parents = node_of[global_parents + 1]  # root (-1) maps to node 0
+        return DraftTree.from_parents(
+            torch.cat([self._tokens([root_token]), self.head.to_target_ids(draft_ids)]),
+            torch.cat([torch.tensor([-1], device=self.device), parents]),
+        )
+
+    # ---- 3. after verification ------------------------------------------------------------
+    @torch.inference_mode()
+    def commit(self, new_tokens: list[int], accepted_features: torch.Tensor) -> None:
+        """Drop the speculative tree entries and feed the true features of the root and the
+        accepted nodes, paired with the tokens that follow them (accepted drafts + bonus)."""
+        kv.truncate(self._cache, self._committed)
+        self._extend(self._tokens(new_tokens), accepted_features)
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _extend(self, next_tokens: torch.Tensor, features: torch.Tensor) -> None:
+        count = next_tokens.numel()
+        hidden_in = self.head.project(features.to(self.device, self.dtype))[None]  # [1, n, H]
+        positions = torch.arange(self._committed, self._committed + count, device=self.device)
+        bias = causal_bias(count, self._committed + count, self.dtype, self.device)
+        out = self.head(hidden_in, next_tokens[None], positions[None], bias, self._cache)
+        self._committed += count
+        self._root_hidden = out[:, -1:]
+
+    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head.logits(hidden)[0].float(), dim=-1)
+
+    def _tokens(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)

@@ -1,0 +1,168 @@
+"""The one generation loop: EAGLE-1/2/3 speculative decoding, and plain decoding when no drafter
+is given (a one-node tree), behind the same stream of events.
+
+    for event in generate(target, drafter, prompt_ids, config, eos_ids, tokenizer):
+        ...
+
+Each round: 1 draft a tree, 2 verify it in one target forward, 3 accept a path, 4 stop
+exactly (EOS / budget), 5 compact the KV cache and feed the head, 6 emit the round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from backend.config import GenerationConfig
+from backend.engine import kv
+from backend.engine.detok import IncrementalDetokenizer
+from backend.engine.device import now
+from backend.engine.drafter import Drafter
+from backend.engine.sampling import make_generator, next_token
+from backend.engine.stats import SpecStats
+from backend.engine.stopping import StopCheck
+from backend.engine.target import TargetRunner
+from backend.engine.tree import DraftTree
+from backend.engine.verify import Acceptance, greedy_accept, sample_accept
+from backend.errors import InputError
+from backend.events import Finished, GenerationEvent, RoundCompleted, Started, TextSpan
+
+
+def check_prompt(prompt_ids: list[int], target: TargetRunner) -> None:
+    if not prompt_ids:
+        raise InputError("the prompt is empty", hint="type a message first")
+    limit = target.max_positions
+    if limit and len(prompt_ids) >= limit:
+        raise InputError(
+            f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}",
+            hint="shorten the prompt or clear the chat history",
+        )
+
+
+def generate(
+    target: TargetRunner,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+    eos_ids: Iterable[int] = (),
+    tokenizer=None,
+    cancel: threading.Event | None = None,
+    request_id: str | None = None,
+) -> Iterator[GenerationEvent]:
+    """Stream one generation. Raises InputError before the first event on bad input."""
+    check_prompt(prompt_ids, target)
+    use_drafter = drafter if config.mode == "eagle" else None
+    request_id = request_id or uuid.uuid4().hex[:12]
+    context_left = (target.max_positions - len(prompt_ids)) if target.max_positions else None
+    budget = min(config.max_new_tokens, context_left) if context_left else config.max_new_tokens
+    stop = StopCheck(
+        eos_ids=frozenset(eos_ids) if config.stop_on_eos else frozenset(),
+        budget=budget,
+        budget_reason="max_new_tokens" if budget == config.max_new_tokens else "context_length",
+    )
+    sampling = config.sampling
+    generator = make_generator(sampling.seed)
+    detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+    stats = SpecStats()
+    device = target.device
+    produced: list[int] = []
+    yield Started(request_id=request_id, mode=config.mode, prompt_tokens=len(prompt_ids))
+    start = now(device)
+
+    # Prefill: the prompt's KV, the first token, and the head's features for the whole prompt.
+    cache = target.new_cache()
+    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    step = target.prefill(prompt, cache, with_features=use_drafter is not None)
+    root = next_token(step.logits[-1], sampling, generator)
+    tokens, stop_reason = stop.apply([root], 0)
+    produced += tokens
+    ttft = now(device) - start
+    yield _round_event(request_id, 0, tokens, 0, 1, detok, 0.0, ttft, 0.0, ttft)
+    if use_drafter is not None and stop_reason is None:
+        use_drafter.begin(prompt, root, step.features)
+
+    round_index = 0
+    while stop_reason is None:
+        if cancel is not None and cancel.is_set():
+            stop_reason = "cancelled"
+            break
+        round_index += 1
+        t0 = now(device)
+        # 1. draft a tree rooted at the last token (a lone root for plain decoding)
+        if use_drafter is not None:
+            tree = use_drafter.propose(root, config.tree)
+        else:
+            tree = DraftTree.root_only(root)
+        t1 = now(device)
+        # 2. verify every node in one target forward with tree attention
+        committed = kv.cache_length(cache)
+        step = target.verify(tree, cache, with_features=use_drafter is not None)
+        t2 = now(device)
+        # 3. accept the longest path the target agrees with, plus its bonus token
+        if sampling.greedy:
+            acceptance = greedy_accept(tree, step.logits)
+        else:
+            acceptance = sample_accept(tree, step.logits, sampling, generator)
+        # 4. stop exactly at EOS / the token budget
+        tokens, stop_reason = stop.apply(acceptance.token_ids, len(produced))
+        produced += tokens
+        # 5. keep the root and accepted nodes' KV; feed their true features to the head
+        if stop_reason is None:
+            _commit(cache, committed, acceptance, step.features, use_drafter)
+            root = acceptance.bonus_token_id
+        t3 = now(device)
+        stats.add_round(acceptance.num_accepted_drafts, len(tokens), tree.size, t1 - t0, t2 - t1)
+        # 6. emit the round
+        accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))
+        yield _round_event(
+            request_id, round_index, tokens, accepted_shown, tree.size, detok,
+            t1 - t0, t2 - t1, t3 - t2, t3 - start,
+        )  # fmt: skip
+
+    total = now(device) - start
+    text = detok.text() if detok is not None else ""
+    yield Finished(request_id, stats.summary(produced, text, total, ttft, stop_reason))
+
+
+@torch.inference_mode()
+def _commit(cache, committed: int, acceptance: Acceptance, features, drafter: Drafter | None) -> None:
+    keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
+    kv.keep_tree_entries(cache, committed, keep)
+    if drafter is not None:
+        drafter.commit(list(acceptance.token_ids), features[keep.to(features.device)])
+
+
+def _round_event(
+    request_id: str,
+    round_index: int,
+    tokens: list[int],
+    num_accepted: int,
+    tree_size: int,
+    detok: IncrementalDetokenizer | None,
+    draft_s: float,
+    verify_s: float,
+    bookkeeping_s: float,
+    elapsed_s: float,
+) -> RoundCompleted:
+    spans: list[TextSpan] = []
+    if detok is not None:
+        for source, part in (("draft", tokens[:num_accepted]), ("target", tokens[num_accepted:])):
+            text = detok.add(part) if part else ""
+            if text:
+                spans.append(TextSpan(text=text, source=source))
+    return RoundCompleted(
+        request_id=request_id,
+        round_index=round_index,
+        token_ids=tuple(tokens),
+        spans=tuple(spans),
+        num_accepted_drafts=num_accepted,
+        tree_size=tree_size,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        bookkeeping_s=bookkeeping_s,
+        elapsed_s=elapsed_s,
+    )

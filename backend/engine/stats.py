@@ -1,0 +1,70 @@
+"""Speculative-decoding statistics, accumulated per round and summarised once.
+
+Definitions (acceptance length, tau) live in backend/events.py and are applied here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend.events import GenerationSummary, StopReason
+
+
+@dataclass(slots=True)
+class SpecStats:
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
+    round_tokens: int = 0  # tokens emitted by verification rounds (prefill token excluded)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)
+
+    def add_round(self, accepted_drafts: int, emitted: int, tree_size: int, draft_s: float, verify_s: float) -> None:
+        self.accept_lengths.append(accepted_drafts)
+        self.round_tokens += emitted
+        self.tree_sizes.append(tree_size)
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def tau(self) -> float:
+        return self.round_tokens / self.rounds if self.rounds else 0.0
+
+    def accept_per_depth(self) -> tuple[float, ...]:
+        """Fraction of rounds that accepted at least d drafts, for d = 1..max accepted."""
+        if not self.rounds:
+            return ()
+        deepest = max(self.accept_lengths)
+        return tuple(
+            sum(1 for a in self.accept_lengths if a >= d) / self.rounds for d in range(1, deepest + 1)
+        )
+
+    def summary(
+        self,
+        new_token_ids: list[int],
+        text: str,
+        total_s: float,
+        ttft_s: float,
+        stop_reason: StopReason,
+        hint: str = "",
+    ) -> GenerationSummary:
+        return GenerationSummary(
+            new_tokens=len(new_token_ids),
+            rounds=self.rounds,
+            target_forwards=self.rounds,
+            tau=self.tau,
+            accept_lengths=tuple(self.accept_lengths),
+            accept_per_depth=self.accept_per_depth(),
+            tokens_per_s=len(new_token_ids) / total_s if total_s > 0 else 0.0,
+            ttft_s=ttft_s,
+            total_s=total_s,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            stop_reason=stop_reason,
+            text=text,
+            token_ids=tuple(new_token_ids),
+            hint=hint,
+        )

@@ -1,0 +1,97 @@
+"""Forwards of an UNMODIFIED transformers causal LM: prefill, tree verification, plain steps.
+
+Tree attention goes through the model's public inputs only: a float additive 4D mask and
+explicit position ids. Features for the draft head are captured by hooks (models/features.py).
+Logits are computed only for the rows that are needed (``logits_to_keep``), never for a whole
+prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backend.engine import kv
+from backend.engine.tree import DraftTree, tree_attention_bias, tree_position_ids
+from models.features import FeatureCapture, decoder_of
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStep:
+    logits: torch.Tensor  # [N, V] one row per input position kept
+    features: torch.Tensor | None  # [N, F] head features per input position, None if not asked
+
+
+class TargetRunner:
+    """Owns nothing but the model; the cache is passed in so one runner serves many requests."""
+
+    def __init__(self, model: nn.Module, feature_indices: tuple[int, ...] = ()) -> None:
+        self.model = model
+        self.config = model.config
+        decoder = decoder_of(model)
+        self.num_layers = len(decoder.layers)
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = _compute_dtype(model)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
+        self.sliding_window = _uniform_sliding_window(self.config)
+        self._capture = FeatureCapture(model, feature_indices) if feature_indices else None
+
+    def new_cache(self):
+        return kv.new_cache()
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor, cache, with_features: bool) -> TargetStep:
+        """Process the prompt [n]; logits for the last position only, features for all."""
+        ids = prompt_ids.to(self.device)[None]
+        return self._run(ids, None, None, cache, logits_to_keep=1, with_features=with_features)
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree, cache, with_features: bool) -> TargetStep:
+        """One forward over all tree nodes with tree attention; logits and features per node."""
+        committed = kv.cache_length(cache)
+        if tree.size == 1 and self.sliding_window is None:
+            bias, positions = None, None  # plain causal step: let the model build its mask
+        else:
+            bias = tree_attention_bias(
+                tree, committed, self.dtype, self.device, self.sliding_window
+            )
+            positions = tree_position_ids(tree, committed, self.device)
+        ids = tree.token_ids.to(self.device)[None]
+        return self._run(ids, bias, positions, cache, logits_to_keep=0, with_features=with_features)
+
+    def _run(self, ids, bias, positions, cache, logits_to_keep: int, with_features: bool) -> TargetStep:
+        capture = self._capture if with_features else None
+        with capture if capture is not None else contextlib.nullcontext():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=bias,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
+        features = capture.features()[0] if capture is not None else None
+        return TargetStep(logits=out.logits[0], features=features)
+
+
+def _compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype activations run in (bitsandbytes models keep a float compute dtype)."""
+    for param in model.parameters():
+        if param.dtype.is_floating_point:
+            return param.dtype
+    return torch.float32
+
+
+def _uniform_sliding_window(config) -> int | None:
+    """A window that applies to every layer (Mistral); mixed layer types are not windowed."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and any(t != "sliding_attention" for t in layer_types):
+        return None
+    return int(window)

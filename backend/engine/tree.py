@@ -1,0 +1,115 @@
+"""The draft tree and everything derived from its shape (eagle.md §4).
+
+Node 0 is the root: the last accepted ("bonus") token, not yet in the target's cache. Nodes are
+ordered so that a parent always precedes its children; a node's position id is
+``committed_length + depth`` and it attends to the committed prefix, its ancestors and itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# EAGLE-1's static tree: 25 drafted nodes + root, depth 5, widths 4/8/8/3/2. Each path lists
+# the top-k rank chosen at every level below the root.
+EAGLE1_STATIC_PATHS: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (2, 0), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (0, 2, 0), (2, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    token_ids: torch.Tensor  # [N] long, target vocabulary; [0] is the root
+    parents: torch.Tensor  # [N] long, parent node index; -1 for the root
+    depths: torch.Tensor  # [N] long, 0 for the root
+    ancestors: torch.Tensor  # [N, N] bool, [i, j] = j is i itself or one of its ancestors
+
+    @property
+    def size(self) -> int:
+        return int(self.token_ids.numel())
+
+    @classmethod
+    def root_only(cls, root_token: int, device: torch.device | str = "cpu") -> DraftTree:
+        """The one-node tree of plain decoding."""
+        return cls.from_parents(
+            torch.tensor([root_token], device=device), torch.tensor([-1], device=device)
+        )
+
+    @classmethod
+    def from_parents(cls, token_ids: torch.Tensor, parents: torch.Tensor) -> DraftTree:
+        """Derive depths and the ancestor matrix from parent links (parents precede children)."""
+        size = token_ids.numel()
+        device = token_ids.device
+        depths = torch.zeros(size, dtype=torch.long, device=device)
+        ancestors = torch.eye(size, dtype=torch.bool, device=device)
+        for index in range(1, size):  # N <= a few dozen; runs once per round
+            parent = int(parents[index])
+            depths[index] = depths[parent] + 1
+            ancestors[index] |= ancestors[parent]
+        return cls(token_ids=token_ids, parents=parents, depths=depths, ancestors=ancestors)
+
+    def children(self) -> list[list[int]]:
+        """Child node indices of every node, in node order (i.e. draft-score order)."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for index, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                kids[parent].append(index)
+        return kids
+
+    @classmethod
+    def make_dummy(cls, parents: list[int], token_ids: list[int] | None = None) -> DraftTree:
+        """A tree of the given parent links (for tests); tokens default to 100 + index."""
+        tokens = token_ids if token_ids is not None else [100 + i for i in range(len(parents))]
+        return cls.from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+
+def tree_attention_bias(
+    tree: DraftTree,
+    committed: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """[1, 1, N, committed + N] float additive mask: 0 where a node may attend, finfo.min elsewhere.
+
+    A float mask (not bool) is used because it is exact with both sdpa and eager attention.
+    """
+    size = tree.size
+    neg = torch.finfo(dtype).min
+    allowed = torch.ones(size, committed + size, dtype=torch.bool, device=device)
+    allowed[:, committed:] = tree.ancestors.to(device)
+    if sliding_window is not None:
+        query_pos = committed + tree.depths.to(device)[:, None]
+        key_pos = torch.arange(committed + size, device=device)[None, :]
+        key_pos = torch.where(
+            key_pos < committed, key_pos, committed + tree.depths.to(device)[None, :]
+        )
+        allowed &= (query_pos - key_pos) < sliding_window
+    bias = torch.zeros(size, committed + size, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, neg)
+    return bias[None, None]
+
+
+def tree_position_ids(tree: DraftTree, committed: int, device: torch.device) -> torch.Tensor:
+    return (tree.depths.to(device) + committed)[None, :]  # [1, N]
+
+
+def static_levels(depth: int) -> list[list[tuple[int, int]]]:
+    """EAGLE-1 static tree as levels: for each node of a level, (parent slot in the previous
+    level, top-k rank). Level 0 parent slot refers to the root. Truncated to ``depth`` levels."""
+    levels: list[list[tuple[int, ...]]] = []
+    for path in EAGLE1_STATIC_PATHS:
+        if len(path) <= depth:
+            while len(levels) < len(path):
+                levels.append([])
+            levels[len(path) - 1].append(path)
+    out: list[list[tuple[int, int]]] = []
+    for level_index, level in enumerate(levels):
+        previous = levels[level_index - 1] if level_index else [()]
+        out.append([(previous.index(path[:-1]), path[-1]) for path in level])
+    return out

@@ -1,0 +1,87 @@
+"""Acceptance of a draft tree against the target's logits (eagle.md §5). Pure functions: no
+model, no cache.
+
+Paper symbols: p = the target's processed distribution at a node (what vanilla decoding would
+sample from). Drafts here are deterministic (top-k of the head), so the lossless rule is: walk
+down from the root; at each node try its children in order, accept child x with probability
+p(x), otherwise set p(x) = 0, renormalise and try the next; if none is accepted, draw the bonus
+token from what is left of p. Every emitted token is then distributed exactly as p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.config import SamplingConfig
+from backend.engine.sampling import processed_probs, sample_from, uniform
+from backend.engine.tree import DraftTree
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    accepted_nodes: tuple[int, ...]  # tree node indices along the accepted path, root excluded
+    token_ids: tuple[int, ...]  # accepted draft tokens followed by the bonus token
+    bonus_token_id: int
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return len(self.accepted_nodes)
+
+    @property
+    def last_node(self) -> int:
+        return self.accepted_nodes[-1] if self.accepted_nodes else 0
+
+    @classmethod
+    def make_dummy(cls, accepted_nodes: tuple[int, ...] = (), tokens: tuple[int, ...] = (7,)):
+        return cls(accepted_nodes=accepted_nodes, token_ids=tokens, bonus_token_id=tokens[-1])
+
+
+def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Acceptance:
+    """Longest path whose every draft equals the target's argmax at its parent; bonus = argmax
+    after the path's last node. target_logits: [N, V], row i = prediction after node i."""
+    predicted = target_logits.argmax(dim=-1)  # [N]
+    parents = tree.parents.clamp(min=0).to(predicted.device)
+    correct = tree.token_ids.to(predicted.device) == predicted[parents]  # [N]
+    correct[0] = True  # the root is given
+    ancestors = tree.ancestors.to(predicted.device)
+    path_ok = ~(ancestors & ~correct[None, :]).any(dim=1)  # every node on the path correct
+    depth_ok = torch.where(path_ok, tree.depths.to(predicted.device), -1)
+    best = int(depth_ok.argmax())
+    path = ancestors[best].nonzero().flatten().tolist()[1:]  # ascending = root to best
+    tokens = tree.token_ids[path].tolist() if path else []
+    bonus = int(predicted[best])
+    return Acceptance(tuple(path), tuple(tokens) + (bonus,), bonus)
+
+
+def sample_accept(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> Acceptance:
+    """Lossless tree rejection sampling for deterministic drafts (see module docstring)."""
+    probs = processed_probs(target_logits, sampling).cpu()  # [N, V]
+    children = tree.children()
+    tokens = tree.token_ids.tolist()
+    node, path = 0, []
+    while True:
+        p = probs[node].clone()
+        accepted_child = None
+        for child in children[node]:
+            token = tokens[child]
+            if uniform(generator) < float(p[token]):
+                accepted_child = child
+                break
+            p[token] = 0.0
+            total = float(p.sum())
+            if total <= 0.0:  # rounding left no mass elsewhere: the token had it all
+                accepted_child = child
+                break
+            p /= total
+        if accepted_child is None:
+            bonus = sample_from(p, generator)
+            return Acceptance(tuple(path), tuple(tokens[i] for i in path) + (bonus,), bonus)
+        path.append(accepted_child)
+        node = accepted_child

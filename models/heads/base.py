@@ -1,0 +1,72 @@
+"""The contract every draft head meets, so one drafter and one verify loop serve all kinds.
+
+A head is bound to its target after loading: it borrows the target's token embedding (when the
+checkpoint carries none) and, for EAGLE-1/2, the target's lm_head. Borrowed modules are kept
+outside the head's state_dict so saving writes only the head's own weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.heads.config import HeadConfig, HeadKind
+
+
+class DraftHead(nn.Module):
+    kind: HeadKind
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self._borrowed: dict[str, nn.Module] = {}
+
+    # ---- binding to the target -----------------------------------------------------------
+    def bind_target(self, embedding: nn.Module, lm_head: nn.Module) -> None:
+        """Borrow what the head uses from its target (kept out of state_dict)."""
+        self._borrowed = {"embedding": embedding, "lm_head": lm_head}
+
+    @property
+    def embedding(self) -> nn.Module:
+        own = getattr(self, "embed_tokens", None)
+        if own is not None:
+            return own
+        if "embedding" not in self._borrowed:
+            raise RuntimeError("head has no embedding: call bind_target(target) first")
+        return self._borrowed["embedding"]
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        embedding = self.embedding
+        weight_device = next(embedding.parameters()).device
+        return embedding(token_ids.to(weight_device)).to(self.dtype_device()[1])
+
+    def dtype_device(self) -> tuple[torch.dtype, torch.device]:
+        weight = next(p for n, p in self.named_parameters() if not n.startswith("embed_tokens"))
+        return weight.dtype, weight.device
+
+    # ---- what differs per kind -------------------------------------------------------------
+    def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
+        """Indices into transformers' ``hidden_states`` the head reads (L = final normed output)."""
+        raise NotImplementedError
+
+    def project(self, target_features: torch.Tensor) -> torch.Tensor:
+        """Map captured target features [..., F] into the head's input hidden space [..., H]."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [1, Q, H] feature of position t (projected or fed back)
+        token_ids: torch.Tensor,  # [1, Q] target ids of token t+1
+        position_ids: torch.Tensor,  # [1, Q] position t
+        attn_bias: torch.Tensor | None,  # [1, 1, Q, past + Q] additive, None = causal
+        cache,  # transformers cache holding the head's KV
+    ) -> torch.Tensor:  # [1, Q, H]: predicted feature of position t+1 (fed back as is)
+        raise NotImplementedError
+
+    def logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., Vd] for the token after the predicted feature."""
+        raise NotImplementedError
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids (identity unless the draft vocab is reduced)."""
+        return draft_ids

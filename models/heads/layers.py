@@ -1,0 +1,131 @@
+"""Blocks shared by the EAGLE-1/2 and EAGLE-3 heads: RMSNorm, rotary embedding (with linear and
+llama3 scaling), attention over a transformers cache with a float additive mask, gated MLP.
+
+Written for tree drafting: the attention takes explicit ``position_ids`` and a 4D additive
+mask, so one call can run several tree nodes that see different ancestors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.heads.config import HeadConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inverse_frequencies(config: HeadConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies, with llama3 or linear scaling applied to frequencies."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(is_medium, smoothed, scaled)
+    return inv_freq.float()
+
+
+class Rotary(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # position_ids [B, Q] -> cos, sin [B, 1, Q, head_dim]
+        angles = position_ids[..., None].float() * self.inv_freq  # [B, Q, head_dim/2]
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Llama attention whose KV lives in a transformers cache (layer 0 of that cache)."""
+
+    def __init__(self, config: HeadConfig, input_size: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.qkv_bias
+        self.q_proj = nn.Linear(input_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, Q, input_size]
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn_bias: torch.Tensor | None,  # [B, 1, Q, past + Q] float additive, None = causal
+        cache,  # transformers Cache or None
+    ) -> torch.Tensor:
+        batch, q_len, _ = x.shape
+        q = self.q_proj(x).view(batch, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if attn_bias is None:
+            attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias.to(q.dtype))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
+
+
+def causal_bias(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[1, 1, q_len, kv_len] additive mask: the last q_len keys are the queries themselves."""
+    past = kv_len - q_len
+    rows = torch.arange(q_len, device=device)[:, None] + past
+    cols = torch.arange(kv_len, device=device)[None, :]
+    bias = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
+    bias.masked_fill_(cols > rows, torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
