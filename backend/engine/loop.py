@@ -115,9 +115,9 @@ def generate(
             _commit(cache, committed, acceptance, step.features, use_drafter)
             root = acceptance.bonus_token_id
         t3 = now(device)
-        stats.add_round(acceptance.num_accepted_drafts, len(tokens), tree.size, t1 - t0, t2 - t1)
+        accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
+        stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
         # 6. emit the round
-        accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))
         yield _round_event(
             request_id, round_index, tokens, accepted_shown, tree.size, detok,
             t1 - t0, t2 - t1, t3 - t2, t3 - start,

@@ -9,10 +9,11 @@ caller ever sees a raw Hub traceback. Typical use (the CLI glue is ``hub_cli.py`
 
 Facts about huggingface_hub 2.4 this relies on (read in its source, checked on a fake Hub):
 - ``hf_hub_download`` resumes a dropped transfer itself, inside the same call, with a Range
-  request (up to 5 retries, 1 s apart). A failed or cancelled call deletes its partial file
-  (``blobs/<etag>.<random>.incomplete``): the next call restarts that file from byte 0, while
-  finished files are kept and reused.
-- Per-file byte progress arrives through ``tqdm_class`` on both the HTTP and the Xet paths.
+  request from the last whole 10 MB chunk (up to 5 retries, 1 s apart). A failed or cancelled
+  call deletes its partial file (``blobs/<etag>.<random>.incomplete``): the next call restarts
+  that file from byte 0, while finished files are kept and reused.
+- Per-file byte progress arrives only through ``tqdm_class``, on both the HTTP and Xet paths.
+- A download pinned to a commit records no ``refs/main``: :func:`download` writes it.
 - Its endpoint, offline flag, cache dir and timeouts are constants read at import time; this
   module reads the environment at call time and passes them explicitly.
 """
@@ -228,8 +229,9 @@ def download(
     """Fetch the plan's missing files one by one into the HF cache; returns the snapshot folder.
 
     ``progress`` gets ``unit="bytes"`` events (done/total over the whole plan, cached files
-    counted as done from the start, monotonic) and a ``unit="files"`` event after each file.
-    Setting ``cancel`` stops within one chunk and raises GenerationCancelled.
+    counted as done from the start, monotonic) and ``unit="files"`` events at the start and
+    after each file. Setting ``cancel`` raises GenerationCancelled at the next chunk (plain
+    HTTP, 10 MB chunks) or at the latest at the next file (Xet), and keeps finished files.
     """
     settings = _settings()
     snapshot = Path(plan.local_path)
@@ -238,7 +240,7 @@ def download(
         names = ", ".join(f.filename for f in missing[:3])
         raise HubError(
             f"{plan.repo_id} is not fully cached ({len(missing)} files missing: {names}) "
-            "and offline mode is on",
+            + ("and offline mode is on" if settings.offline else "and the Hub was unreachable"),
             hint=_OFFLINE_HINT,
             code="not_cached",
         )
@@ -273,6 +275,7 @@ def download(
                 tqdm_class=bar_class(meter),  # type: ignore[arg-type]
             )
         meter.finish_file(planned.filename, planned.size)
+    _write_ref(plan)
     logger.info("%s is complete at %s", plan.repo_id, snapshot)
     return str(snapshot)
 
@@ -345,6 +348,25 @@ def _cached_snapshot(repo_id: str, revision: str, cache_dir: str) -> Path | None
     return snapshot if snapshot.is_dir() else None
 
 
+def _write_ref(plan: DownloadPlan) -> None:
+    """Point ``refs/<revision>`` at the commit once its files are complete.
+
+    Downloads are pinned to the commit, and huggingface_hub only records refs for the revision
+    it was given, so without this a cache-only lookup of "main" would not find the snapshot.
+    """
+    if plan.revision == plan.commit or plan.from_cache:
+        return
+    ref = _storage(plan.cache_dir, plan.repo_id) / "refs" / plan.revision
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        if not ref.is_file() or ref.read_text(encoding="utf-8") != plan.commit:
+            tmp = ref.with_name(f"{ref.name}.{os.getpid()}.tmp")
+            tmp.write_text(plan.commit, encoding="utf-8")
+            os.replace(tmp, ref)
+    except OSError as err:
+        logger.warning("could not record %s -> %s in the cache: %s", ref, plan.commit[:8], err)
+
+
 def _plan_from_cache(
     repo_id: str, kind: RepoKind, revision: str, settings: _Settings, reason: str
 ) -> DownloadPlan:
@@ -387,6 +409,8 @@ def _hub_errors(repo_id: str, token: str | None, settings: _Settings) -> Iterato
         yield
     except EagleChatError:
         raise
+    except hf_errors.HFValidationError as err:
+        raise ConfigError(f"{repo_id!r} is not a valid Hub repo id: {err}") from err
     except hf_errors.GatedRepoError as err:
         raise GatedRepoError(
             f"{repo_id} is gated: your account has not been granted access",
@@ -430,6 +454,18 @@ def _hub_errors(repo_id: str, token: str | None, settings: _Settings) -> Iterato
             raise DiskFullError(
                 f"the disk filled up while downloading {repo_id} into {settings.cache_dir}",
                 hint="free some space, or point HF_HUB_CACHE (or HF_HOME) at a larger disk",
+            ) from err
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise HubError(
+                f"cannot write to the Hub cache {settings.cache_dir}: {err.strerror}",
+                hint="point HF_HUB_CACHE (or HF_HOME) at a writable folder",
+                code="cache_not_writable",
+            ) from err
+        if err.errno is None:  # raised by huggingface_hub itself: size mismatch, bad headers
+            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise NetworkError(
+                f"downloading {repo_id} failed: {first_line}",
+                hint="run it again; if it persists, check HF_ENDPOINT and any proxy",
             ) from err
         raise
 

@@ -33,7 +33,7 @@ def format_bytes(num: float) -> str:
 
 class DownloadMeter:
     """Whole-plan progress: ``unit="bytes"`` events (monotonic, files already on disk count as
-    done from the start) and one ``unit="files"`` event per finished file."""
+    done from the start) and ``unit="files"`` events at the start and after each file."""
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class DownloadMeter:
         self._sent_at = 0.0
         self._label = label
         self._emit(force=True)
+        self._callback(Progress("download", done_files, num_files, "files", label))
 
     def check_cancel(self) -> None:
         if self._cancel is not None and self._cancel.is_set():
@@ -119,7 +120,8 @@ def bar_class(meter: DownloadMeter) -> type:
         def _ignore(self, *args: Any, **kwargs: Any) -> None:
             """Display-only calls (descriptions, postfixes, refresh, close)."""
 
-        set_postfix_str = set_description = set_description_str = refresh = close = _ignore
+        set_postfix_str = set_transfer_postfix_str = _ignore
+        set_description = set_description_str = refresh = clear = close = _ignore
 
         def __enter__(self) -> _MeterBar:
             return self

@@ -326,25 +326,70 @@ def load_pydoc_topics(name: str, files: list[Path]) -> Iterator[Document]:
 
 
 SOURCES: list[Source] = [
-    Source("identity", "llamafactory/identity.json", "Apache-2.0", "chat", load_identity,
-           repeat=4, note="{{name}}='EagleChat demo', {{author}}='the EagleChat team'"),
-    Source("fastchat_dummy", "fastchat/dummy_conversation.json", "Apache-2.0", "chat",
-           load_fastchat, note="Vicuna/LMSYS renamed to EagleChat demo/the EagleChat team"),
+    Source(
+        "identity",
+        "llamafactory/identity.json",
+        "Apache-2.0",
+        "chat",
+        load_identity,
+        repeat=8,
+        note="{{name}}='EagleChat demo', {{author}}='the EagleChat team'",
+    ),
+    Source(
+        "fastchat_dummy",
+        "fastchat/dummy_conversation.json",
+        "Apache-2.0",
+        "chat",
+        load_fastchat,
+        note="Vicuna/LMSYS renamed to EagleChat demo/the EagleChat team",
+    ),
     Source("chatterbot", "chatterbot-corpus/*.yml", "BSD-3-Clause", "chat", load_chatterbot),
     Source("self_instruct", "self-instruct/*.jsonl", "Apache-2.0", "chat", load_self_instruct),
     Source("gpteacher", "gpteacher/*.json", "MIT", "chat", load_gpteacher),
-    Source("gsm8k", "gsm8k/train.jsonl", "MIT", "chat", load_gsm8k,
-           note="train split; <<calc>> marks removed, '#### N' -> 'The answer is N.'"),
-    Source("chitchat", "chitchat/dataset.json.gz", "MIT", "chat", load_chitchat, max_docs=1500,
-           note="human-human chit-chat; first speaker as user"),
-    Source("topical_chat", "topical-chat/*.json", "CDLA-Sharing-1.0", "chat",
-           load_topical_chat, max_docs=1200, note="agent_1 as user, agent_2 as assistant"),
-    Source("tinystories", "tinystories/tiny_stories.txt", "CDLA-Sharing-1.0", "text",
-           load_tinystories),
-    Source("fairy_tales", "lcats-fairy-tales/*/*/story.json", "public domain (Project Gutenberg)",
-           "text", load_fairy_tales),
-    Source("python_docs", "", "PSF-2.0 (CPython pydoc_data.topics)", "text",
-           load_pydoc_topics, note=f"CPython {sys.version_info.major}.{sys.version_info.minor}"),
+    Source(
+        "gsm8k",
+        "gsm8k/train.jsonl",
+        "MIT",
+        "chat",
+        load_gsm8k,
+        note="train split; <<calc>> marks removed, '#### N' -> 'The answer is N.'",
+    ),
+    Source(
+        "chitchat",
+        "chitchat/dataset.json.gz",
+        "MIT",
+        "chat",
+        load_chitchat,
+        max_docs=1500,
+        note="human-human chit-chat; first speaker as user",
+    ),
+    Source(
+        "topical_chat",
+        "topical-chat/*.json",
+        "CDLA-Sharing-1.0",
+        "chat",
+        load_topical_chat,
+        max_docs=1200,
+        note="agent_1 as user, agent_2 as assistant",
+    ),
+    Source(
+        "tinystories", "tinystories/tiny_stories.txt", "CDLA-Sharing-1.0", "text", load_tinystories
+    ),
+    Source(
+        "fairy_tales",
+        "lcats-fairy-tales/*/*/story.json",
+        "public domain (Project Gutenberg)",
+        "text",
+        load_fairy_tales,
+    ),
+    Source(
+        "python_docs",
+        "",
+        "PSF-2.0 (CPython pydoc_data.topics)",
+        "text",
+        load_pydoc_topics,
+        note=f"CPython {sys.version_info.major}.{sys.version_info.minor}",
+    ),
 ]
 SOURCE_NAMES = [s.name for s in SOURCES]
 
@@ -400,14 +445,23 @@ def collect_corpus(
     for src in selected:
         files = sorted(data_dir.glob(src.files)) if src.files else []
         if src.files and not files:
-            logger.warning("source %s: no files match %s in %s, skipped", src.name, src.files,
-                           data_dir)
+            logger.warning(
+                "source %s: no files match %s in %s, skipped", src.name, src.files, data_dir
+            )
             continue
         docs = list(src.loader(src.name, files))
         n_read = len(docs)
         if bench:
-            docs = [d for d in docs if not (d.messages and any(
-                m["role"] == "user" and _norm(m["content"]) in bench for m in d.messages))]
+            docs = [
+                d
+                for d in docs
+                if not (
+                    d.messages
+                    and any(
+                        m["role"] == "user" and _norm(m["content"]) in bench for m in d.messages
+                    )
+                )
+            ]
         n_bench = n_read - len(docs)
         docs = [d for d in docs if _mostly_ascii(d.plain_text())]
         n_non_english = n_read - n_bench - len(docs)
@@ -426,7 +480,8 @@ def collect_corpus(
         train.extend(src_train * src.repeat)
         val.extend(src_val)
         stats[src.name] = {
-            "files": [str(p.relative_to(data_dir)) for p in files] if len(files) <= 8
+            "files": [str(p.relative_to(data_dir)) for p in files]
+            if len(files) <= 8
             else f"{src.files} ({len(files)} files)",
             "licence": src.licence,
             "kind": src.kind,
@@ -440,12 +495,19 @@ def collect_corpus(
             "train_chars": sum(len(d.plain_text()) for d in src_train) * src.repeat,
             "note": src.note,
         }
-        logger.info("source %-14s %6d docs read, %6d used (%d held out, x%d), %9d chars",
-                    src.name, n_read, len(docs), len(src_val), src.repeat,
-                    stats[src.name]["train_chars"])
+        logger.info(
+            "source %-14s %6d docs read, %6d used (%d held out, x%d), %9d chars",
+            src.name,
+            n_read,
+            len(docs),
+            len(src_val),
+            src.repeat,
+            stats[src.name]["train_chars"],
+        )
     if not train:
         raise RuntimeError(f"no training documents found in {data_dir}")
     random.Random(seed).shuffle(train)
+    random.Random(f"{seed}:val").shuffle(val)  # so any prefix of the held-out stream is mixed
     return Corpus(train=train, val=val, stats=stats)
 
 
@@ -461,10 +523,12 @@ def train_tokenizer(
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -507,7 +571,7 @@ def tokenize_docs(docs: list[Document], tokenizer: Any, batch: int = 512) -> np.
     parts: list[np.ndarray] = []
     backend = tokenizer.backend_tokenizer
     for i in range(0, len(docs), batch):
-        texts = [render(d, tokenizer) for d in docs[i:i + batch]]
+        texts = [render(d, tokenizer) for d in docs[i : i + batch]]
         for enc in backend.encode_batch(texts, add_special_tokens=False):
             parts.append(np.asarray(enc.ids, dtype=np.uint16))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
@@ -533,8 +597,9 @@ def build_config(shape: ModelShape, tokenizer: Any) -> Any:
     from transformers import LlamaConfig
 
     if shape.hidden % shape.heads or shape.heads % shape.kv_heads:
-        raise ValueError(f"hidden {shape.hidden} / heads {shape.heads} / kv {shape.kv_heads} "
-                         "must divide evenly")
+        raise ValueError(
+            f"hidden {shape.hidden} / heads {shape.heads} / kv {shape.kv_heads} must divide evenly"
+        )
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden,
@@ -577,7 +642,7 @@ def pick_device(requested: str = "auto") -> torch.device:
 class TrainOptions:
     seq_len: int = 512
     batch_size: int = 4
-    lr: float = 1e-3
+    lr: float = 1.5e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 150
     weight_decay: float = 0.1
@@ -587,7 +652,7 @@ class TrainOptions:
     ckpt_seconds: float = 300.0
     ckpt_every_steps: int | None = None
     log_every: int = 20
-    eval_windows: int = 32
+    eval_windows: int = 48
     stop_after: int | None = None  # steps in THIS invocation, then checkpoint and return
     seed: int = 0
 
@@ -614,48 +679,54 @@ class PackedWindows:
         self.seed = seed
         self.num_windows = max(0, (len(tokens) - 1) // seq_len)
         if self.num_windows < batch_size:
-            raise ValueError(f"{len(tokens)} tokens give {self.num_windows} windows of "
-                             f"{seq_len}; need at least batch_size={batch_size}")
+            raise ValueError(
+                f"{len(tokens)} tokens give {self.num_windows} windows of "
+                f"{seq_len}; need at least batch_size={batch_size}"
+            )
         self.batches_per_epoch = self.num_windows // batch_size
         self._perm_epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
 
     def _window(self, w: int) -> torch.Tensor:
         start = w * self.seq_len
-        return self.tokens[start:start + self.seq_len + 1]
+        return self.tokens[start : start + self.seq_len + 1]
 
     def batch(self, epoch: int, index: int) -> torch.Tensor:
         if epoch != self._perm_epoch:
             g = torch.Generator().manual_seed(self.seed * 1000 + epoch)
             self._perm = torch.randperm(self.num_windows, generator=g)
             self._perm_epoch = epoch
-        ids = self._perm[index * self.batch_size:(index + 1) * self.batch_size]
+        ids = self._perm[index * self.batch_size : (index + 1) * self.batch_size]
         return torch.stack([self._window(int(w)) for w in ids])
 
-    def sequential(self, limit: int) -> Iterator[torch.Tensor]:
-        for w in range(min(limit, self.num_windows)):
-            yield self._window(w)
+    def spread(self, limit: int) -> Iterator[torch.Tensor]:
+        """Up to ``limit`` windows evenly spaced over the whole stream (fixed, for evaluation)."""
+        n = min(limit, self.num_windows)
+        for i in range(n):
+            yield self._window(i * self.num_windows // n)
 
 
 def lm_loss(model: Any, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     batch = batch.to(device, non_blocking=True)
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                        enabled=device.type == "cuda"):
+    with torch.autocast(
+        device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+    ):
         logits = model(input_ids=inputs, use_cache=False).logits
     return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 @torch.no_grad()
-def evaluate(model: Any, val: PackedWindows | None, device: torch.device, windows: int,
-             batch_size: int) -> float | None:
+def evaluate(
+    model: Any, val: PackedWindows | None, device: torch.device, windows: int, batch_size: int
+) -> float | None:
     if val is None or windows <= 0:
         return None
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     buf: list[torch.Tensor] = []
-    for w in val.sequential(windows):
+    for w in val.spread(windows):
         buf.append(w)
         if len(buf) == batch_size:
             total += lm_loss(model, torch.stack(buf), device).item() * len(buf)
@@ -691,23 +762,35 @@ def make_optimizer(model: Any, opts: TrainOptions) -> torch.optim.Optimizer:
             continue
         (decay if p.dim() >= 2 and "norm" not in name else no_decay).append(p)
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": opts.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=opts.lr, betas=(0.9, 0.95), eps=1e-8,
+        [
+            {"params": decay, "weight_decay": opts.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=opts.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
 
 
-def save_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, state: TrainState,
-                    extra: dict[str, Any]) -> None:
+def save_checkpoint(
+    path: Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    extra: dict[str, Any],
+) -> None:
     """Atomic write of model + optimizer + step + data position."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "state": asdict(state),
-        **extra,
-    }, tmp)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "state": asdict(state),
+            **extra,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -739,9 +822,17 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def train(model: Any, optimizer: torch.optim.Optimizer, state: TrainState, opts: TrainOptions,
-          data: PackedWindows, val: PackedWindows | None, device: torch.device,
-          ckpt_path: Path, ckpt_extra: dict[str, Any]) -> TrainState:
+def train(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    opts: TrainOptions,
+    data: PackedWindows,
+    val: PackedWindows | None,
+    device: torch.device,
+    ckpt_path: Path,
+    ckpt_extra: dict[str, Any],
+) -> TrainState:
     """Run until the schedule ends (state.finished), ``stop_after`` steps, or a signal."""
     model.to(device).train()
     tokens_per_step = opts.batch_size * opts.seq_len
@@ -758,8 +849,13 @@ def train(model: Any, optimizer: torch.optim.Optimizer, state: TrainState, opts:
         save_checkpoint(ckpt_path, model, optimizer, state, ckpt_extra)
         state.train_seconds += time.monotonic() - t0
         last_ckpt = time.monotonic()
-        logger.info("checkpoint (%s) at step %d, val_loss %s -> %s", reason, state.step,
-                    f"{val_loss:.4f}" if val_loss is not None else "n/a", ckpt_path)
+        logger.info(
+            "checkpoint (%s) at step %d, val_loss %s -> %s",
+            reason,
+            state.step,
+            f"{val_loss:.4f}" if val_loss is not None else "n/a",
+            ckpt_path,
+        )
 
     with _StopFlag() as flag:
         while True:
@@ -767,8 +863,9 @@ def train(model: Any, optimizer: torch.optim.Optimizer, state: TrainState, opts:
                 state.finished = True
                 checkpoint("end of schedule")
                 break
-            if flag.stop or (opts.stop_after is not None
-                             and state.step - start_step >= opts.stop_after):
+            if flag.stop or (
+                opts.stop_after is not None and state.step - start_step >= opts.stop_after
+            ):
                 checkpoint("stop requested")
                 break
             t0 = time.monotonic()
@@ -794,16 +891,28 @@ def train(model: Any, optimizer: torch.optim.Optimizer, state: TrainState, opts:
             if state.step % opts.log_every == 0 or state.step == 1:
                 now = time.monotonic()
                 mean = loss_sum / loss_n
-                state.history.append({"step": state.step, "loss": mean, "lr": lr,
-                                      "tokens": state.tokens_seen,
-                                      "seconds": round(state.train_seconds, 1)})
+                state.history.append(
+                    {
+                        "step": state.step,
+                        "loss": mean,
+                        "lr": lr,
+                        "tokens": state.tokens_seen,
+                        "seconds": round(state.train_seconds, 1),
+                    }
+                )
                 logger.info(
                     "step %6d | loss %.4f | lr %.2e | gnorm %.2f | %5.0f tok/s | %.2fM tok | "
                     "epoch %d.%03d | %5.1f%% of schedule",
-                    state.step, mean, lr, float(grad_norm), tok_log / max(now - t_log, 1e-9),
-                    state.tokens_seen / 1e6, state.epoch,
+                    state.step,
+                    mean,
+                    lr,
+                    float(grad_norm),
+                    tok_log / max(now - t_log, 1e-9),
+                    state.tokens_seen / 1e6,
+                    state.epoch,
                     int(1000 * state.index / data.batches_per_epoch),
-                    100 * min(1.0, progress(state, opts)))
+                    100 * min(1.0, progress(state, opts)),
+                )
                 t_log, tok_log, loss_sum, loss_n = now, 0, 0.0, 0
             due_time = time.monotonic() - last_ckpt >= opts.ckpt_seconds
             due_steps = opts.ckpt_every_steps and state.step % opts.ckpt_every_steps == 0
@@ -820,23 +929,34 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def export(ckpt_path: Path, tokenizer_dir: Path, out_dir: Path, manifest: dict[str, Any],
-           val_tokens: np.ndarray | None = None, dtype: str = "bfloat16",
-           eval_windows: int = 32, seq_len: int = 512, sample: bool = True) -> Path:
+def export(
+    ckpt_path: Path,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    manifest: dict[str, Any],
+    val_tokens: np.ndarray | None = None,
+    dtype: str = "bfloat16",
+    eval_windows: int = 48,
+    seq_len: int = 512,
+    sample: bool = True,
+) -> Path:
     """Write config, half-precision safetensors, tokenizer, generation_config and manifest.
 
     Written to a temporary sibling folder first and then swapped in, so ``out_dir`` is never
     half-written. The exported weights are re-loaded (fp32) to record their held-out loss.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     ckpt = load_checkpoint(ckpt_path)
     tokenizer = load_tokenizer(tokenizer_dir)
     config = LlamaConfig.from_dict(ckpt["model_config"])
     model = build_model(config, seed=0)
     model.load_state_dict(ckpt["model"])
-    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
-                   "float32": torch.float32}[dtype]
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
+        dtype
+    ]
     model.to(torch_dtype)
     model.config.dtype = dtype
     model.generation_config = GenerationConfig(
@@ -869,22 +989,31 @@ def export(ckpt_path: Path, tokenizer_dir: Path, out_dir: Path, manifest: dict[s
         logger.info("exported weights (%s, read back in fp32): val_loss %.4f", dtype, loss)
     if sample:
         samples = []
-        for prompt in ["Hello! Who are you?", "What is 12 + 7?",
-                       "Write a short story about a cat."]:
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                add_generation_prompt=True, return_tensors="pt",
-                                                return_dict=True)
+        for prompt in [
+            "Hello! Who are you?",
+            "What is 12 + 7?",
+            "Write a short story about a cat.",
+        ]:
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=True,
+            )
             with torch.no_grad():
                 out = reloaded.generate(**ids, max_new_tokens=60, do_sample=False)
-            reply = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
+            reply = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=False)
             samples.append({"prompt": prompt, "greedy_reply": reply})
             logger.info("sample | %s -> %r", prompt, reply)
         info["export"]["greedy_samples"] = samples
-    (tmp / "manifest.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n",
-                                       encoding="utf-8")
+    (tmp / "manifest.json").write_text(
+        json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
+    for path in out_dir.iterdir():
+        path.chmod(0o644)
     size = _dir_bytes(out_dir)
     logger.info("exported %s (%.1f MB)", out_dir, size / 1e6)
     if size > 40e6:
@@ -900,43 +1029,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape = ModelShape()
     opts = TrainOptions()
     g = parser.add_argument_group("paths")
-    g.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                   help="offline training text (read at run time)")
-    g.add_argument("--bench-dir", type=Path, default=DEFAULT_BENCH_DIR,
-                   help="benchmark prompts removed from training ('' to skip)")
-    g.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
-                   help="tokenizer, token streams, checkpoints and train.log")
+    g.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="offline training text (read at run time)",
+    )
+    g.add_argument(
+        "--bench-dir",
+        default=str(DEFAULT_BENCH_DIR),
+        help="benchmark prompts removed from training ('' to skip)",
+    )
+    g.add_argument(
+        "--work-dir",
+        type=Path,
+        default=DEFAULT_WORK_DIR,
+        help="tokenizer, token streams, checkpoints and train.log",
+    )
     g.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="export folder")
     g = parser.add_argument_group("run control")
-    g.add_argument("--minutes", type=float, default=None,
-                   help="training time budget (default 70 unless --steps is given); the "
-                        "cosine schedule follows it")
+    g.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="training time budget (default 70 unless --steps is given); the "
+        "cosine schedule follows it",
+    )
     g.add_argument("--steps", type=int, default=None, help="step-driven schedule instead")
-    g.add_argument("--fresh", action="store_true",
-                   help="ignore the checkpoint and rebuild tokenizer and token streams")
-    g.add_argument("--export-only", action="store_true",
-                   help="export the last checkpoint and exit")
+    g.add_argument(
+        "--fresh",
+        action="store_true",
+        help="ignore the checkpoint and rebuild tokenizer and token streams",
+    )
+    g.add_argument("--export-only", action="store_true", help="export the last checkpoint and exit")
     g.add_argument("--no-export", action="store_true", help="do not export when training ends")
-    g.add_argument("--stop-after", type=int, default=None,
-                   help="checkpoint and stop after this many steps in this invocation")
+    g.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="checkpoint and stop after this many steps in this invocation",
+    )
     g.add_argument("--ckpt-minutes", type=float, default=opts.ckpt_seconds / 60)
     g.add_argument("--ckpt-every-steps", type=int, default=None)
     g.add_argument("--log-every", type=int, default=opts.log_every)
     g.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, ...")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"],
-                   default="bfloat16")
-    g.add_argument("--log-file", type=Path, default=None,
-                   help="log file (default WORK_DIR/train.log)")
+    g.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    g.add_argument(
+        "--log-file", type=Path, default=None, help="log file (default WORK_DIR/train.log)"
+    )
     g = parser.add_argument_group("data and tokenizer")
-    g.add_argument("--sources", default=",".join(SOURCE_NAMES),
-                   help=f"comma list of {SOURCE_NAMES}")
+    g.add_argument(
+        "--sources", default=",".join(SOURCE_NAMES), help=f"comma list of {SOURCE_NAMES}"
+    )
     g.add_argument("--max-docs-per-source", type=int, default=None)
     g.add_argument("--val-fraction", type=float, default=0.02)
     g.add_argument("--vocab-size", type=int, default=4096)
-    g.add_argument("--tokenizer-chars", type=int, default=8_000_000,
-                   help="characters of training text used to learn the BPE merges")
+    g.add_argument(
+        "--tokenizer-chars",
+        type=int,
+        default=8_000_000,
+        help="characters of training text used to learn the BPE merges",
+    )
     g = parser.add_argument_group("model shape")
     g.add_argument("--hidden", type=int, default=shape.hidden)
     g.add_argument("--layers", type=int, default=shape.layers)
@@ -956,8 +1111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _setup_logging(log_file: Path) -> logging.Handler:
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
     logger.setLevel(logging.INFO)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_file, encoding="utf-8")
@@ -989,10 +1145,15 @@ def prepare_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     unknown = sorted(set(sources) - set(SOURCE_NAMES))
     if unknown:
         raise ValueError(f"unknown sources {unknown}; known: {SOURCE_NAMES}")
-    bench_dir = Path(args.bench_dir) if str(args.bench_dir) else None
-    corpus = collect_corpus(Path(args.data_dir), sources, val_fraction=args.val_fraction,
-                            seed=args.seed, max_docs_per_source=args.max_docs_per_source,
-                            bench_dir=bench_dir)
+    bench_dir = Path(args.bench_dir) if args.bench_dir else None
+    corpus = collect_corpus(
+        Path(args.data_dir),
+        sources,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        max_docs_per_source=args.max_docs_per_source,
+        bench_dir=bench_dir,
+    )
 
     # BPE merges from an evenly spread sample of the (unrepeated) training text.
     def sample_texts() -> Iterator[str]:
@@ -1037,18 +1198,32 @@ def prepare_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "seed": args.seed,
         "val_fraction": args.val_fraction,
         "system_prompt_fraction": SYSTEM_PROMPT_FRACTION,
-        "tokenizer": {"kind": "byte-level BPE, digits split", "vocab_size": len(tokenizer),
-                      "special_tokens": SPECIAL_TOKENS,
-                      "trained_on_chars": args.tokenizer_chars},
+        "tokenizer": {
+            "kind": "byte-level BPE, digits split",
+            "vocab_size": len(tokenizer),
+            "special_tokens": SPECIAL_TOKENS,
+            "trained_on_chars": args.tokenizer_chars,
+        },
     }
     summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    logger.info("corpus: %d train docs = %d tokens (%.2f chars/token), %d held-out docs = %d "
-                "tokens; built in %.0f s", len(corpus.train), len(train_tokens),
-                summary["chars_per_token"], len(corpus.val), len(val_tokens),
-                time.monotonic() - t0)
+    logger.info(
+        "corpus: %d train docs = %d tokens (%.2f chars/token), %d held-out docs = %d "
+        "tokens; built in %.0f s",
+        len(corpus.train),
+        len(train_tokens),
+        summary["chars_per_token"],
+        len(corpus.val),
+        len(val_tokens),
+        time.monotonic() - t0,
+    )
     for name, st in corpus.stats.items():
-        logger.info("  %-14s %-34s train %8d tok  val %6d tok", name, st["licence"],
-                    st.get("train_tokens", 0), st.get("val_tokens", 0))
+        logger.info(
+            "  %-14s %-34s train %8d tok  val %6d tok",
+            name,
+            st["licence"],
+            st.get("train_tokens", 0),
+            st.get("val_tokens", 0),
+        )
     return summary
 
 
@@ -1080,9 +1255,12 @@ def _manifest(summary: dict[str, Any], ckpt: dict[str, Any]) -> dict[str, Any]:
             "threads": ckpt.get("threads"),
         },
         "data": summary,
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__},
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
     }
 
 
@@ -1111,16 +1289,24 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             raise FileNotFoundError(f"no checkpoint at {ckpt_path}")
         summary = json.loads((work / "data" / "corpus.json").read_text(encoding="utf-8"))
         ckpt = load_checkpoint(ckpt_path)
-        export(ckpt_path, tok_dir, Path(args.out_dir), _manifest(summary, ckpt),
-               np.load(work / "data" / "val.npy"), args.export_dtype,
-               args.eval_windows, ckpt["options"]["seq_len"])
+        export(
+            ckpt_path,
+            tok_dir,
+            Path(args.out_dir),
+            _manifest(summary, ckpt),
+            np.load(work / "data" / "val.npy"),
+            args.export_dtype,
+            args.eval_windows,
+            ckpt["options"]["seq_len"],
+        )
         return 0
 
     if args.fresh and ckpt_path.exists():
         ckpt_path.unlink()
     device = pick_device(args.device)
-    logger.info("device %s, %d torch thread(s), work folder %s", device,
-                torch.get_num_threads(), work)
+    logger.info(
+        "device %s, %d torch thread(s), work folder %s", device, torch.get_num_threads(), work
+    )
     summary = prepare_data(args, work)
     tokenizer = load_tokenizer(tok_dir)
     train_tokens = np.load(work / "data" / "train.npy")
@@ -1128,15 +1314,28 @@ def _run(args: argparse.Namespace, work: Path) -> int:
 
     minutes = args.minutes if args.minutes is not None else (None if args.steps else 70.0)
     opts = TrainOptions(
-        seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
-        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, steps=args.steps,
-        budget_seconds=minutes * 60 if minutes else None, ckpt_seconds=args.ckpt_minutes * 60,
-        ckpt_every_steps=args.ckpt_every_steps, log_every=args.log_every,
-        eval_windows=args.eval_windows, stop_after=args.stop_after, seed=args.seed,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        steps=args.steps,
+        budget_seconds=minutes * 60 if minutes else None,
+        ckpt_seconds=args.ckpt_minutes * 60,
+        ckpt_every_steps=args.ckpt_every_steps,
+        log_every=args.log_every,
+        eval_windows=args.eval_windows,
+        stop_after=args.stop_after,
+        seed=args.seed,
     )
-    shape = ModelShape(hidden=args.hidden, layers=args.layers, heads=args.heads,
-                       kv_heads=args.kv_heads, intermediate=args.intermediate,
-                       max_positions=args.max_positions)
+    shape = ModelShape(
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        max_positions=args.max_positions,
+    )
 
     state = TrainState()
     ckpt: dict[str, Any] | None = None
@@ -1145,15 +1344,24 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         if ckpt.get("train_sha256") != summary["train_sha256"]:
             raise RuntimeError(f"{ckpt_path} was trained on other token data; use --fresh")
         if ckpt["shape"] != asdict(shape):
-            logger.warning("resuming with the checkpoint's shape %s (ignoring %s)",
-                           ckpt["shape"], asdict(shape))
+            logger.warning(
+                "resuming with the checkpoint's shape %s (ignoring %s)",
+                ckpt["shape"],
+                asdict(shape),
+            )
         shape = ModelShape(**ckpt["shape"])
         for key in ("seq_len", "batch_size", "seed"):
             setattr(opts, key, ckpt["options"][key])  # the data position depends on these
         state = TrainState(**ckpt["state"])
-        logger.info("resuming from %s: step %d, epoch %d, batch %d, %.2fM tokens, %.1f min",
-                    ckpt_path, state.step, state.epoch, state.index, state.tokens_seen / 1e6,
-                    state.train_seconds / 60)
+        logger.info(
+            "resuming from %s: step %d, epoch %d, batch %d, %.2fM tokens, %.1f min",
+            ckpt_path,
+            state.step,
+            state.epoch,
+            state.index,
+            state.tokens_seen / 1e6,
+            state.train_seconds / 60,
+        )
 
     config = build_config(shape, tokenizer)
     model = build_model(config, args.seed)
@@ -1163,16 +1371,28 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         model.to(device)
         optimizer.load_state_dict(ckpt["optimizer"])
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info("model: LlamaForCausalLM %s, %.2fM parameters, vocab %d", asdict(shape),
-                n_params / 1e6, config.vocab_size)
+    logger.info(
+        "model: LlamaForCausalLM %s, %.2fM parameters, vocab %d",
+        asdict(shape),
+        n_params / 1e6,
+        config.vocab_size,
+    )
 
     data = PackedWindows(train_tokens, opts.seq_len, opts.batch_size, opts.seed)
-    val = (PackedWindows(val_tokens, opts.seq_len, 1, opts.seed)
-           if len(val_tokens) > opts.seq_len + 1 else None)
-    logger.info("schedule: %s; %d windows of %d, batch %d (%d tokens/step), %d steps/epoch",
-                f"{opts.steps} steps" if opts.steps else f"{minutes:g} minutes",
-                data.num_windows, opts.seq_len, opts.batch_size,
-                opts.batch_size * opts.seq_len, data.batches_per_epoch)
+    val = (
+        PackedWindows(val_tokens, opts.seq_len, 1, opts.seed)
+        if len(val_tokens) > opts.seq_len + 1
+        else None
+    )
+    logger.info(
+        "schedule: %s; %d windows of %d, batch %d (%d tokens/step), %d steps/epoch",
+        f"{opts.steps} steps" if opts.steps else f"{minutes:g} minutes",
+        data.num_windows,
+        opts.seq_len,
+        opts.batch_size,
+        opts.batch_size * opts.seq_len,
+        data.batches_per_epoch,
+    )
     extra = {
         "model_config": config.to_dict(),
         "shape": asdict(shape),
@@ -1183,25 +1403,38 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     }
     state = train(model, optimizer, state, opts, data, val, device, ckpt_path, extra)
     if not state.finished:
-        logger.info("stopped at step %d before the end of the schedule; rerun to resume "
-                    "(or --export-only to export this checkpoint)", state.step)
+        logger.info(
+            "stopped at step %d before the end of the schedule; rerun to resume "
+            "(or --export-only to export this checkpoint)",
+            state.step,
+        )
         return 0
     if args.no_export:
         return 0
     ckpt = load_checkpoint(ckpt_path)
-    export(ckpt_path, tok_dir, Path(args.out_dir), _manifest(summary, ckpt), val_tokens,
-           args.export_dtype, opts.eval_windows, opts.seq_len)
+    export(
+        ckpt_path,
+        tok_dir,
+        Path(args.out_dir),
+        _manifest(summary, ckpt),
+        val_tokens,
+        args.export_dtype,
+        opts.eval_windows,
+        opts.seq_len,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m models.training.demo_target",
-        description="Build the bundled demo target (tokenizer + small Llama chat model).")
+        description="Build the bundled demo target (tokenizer + small Llama chat model).",
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return run(args)
 
 

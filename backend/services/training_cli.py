@@ -1,0 +1,185 @@
+"""``python launch.py train-head``: train an EAGLE-1/2 or EAGLE-3 draft head for a local target.
+
+    python launch.py train-head --target ./my-model --data sharegpt.json --kind eagle3 \\
+        --out ./my-head --steps 2000 --regenerate --draft-vocab-size 32000
+    # interrupted? add --resume to continue from the newest checkpoint in --out
+
+Loads the target (frozen) and its tokenizer from a local directory, reads and tokenises the
+chat data (assistant-only loss), optionally regenerates the replies with the target, trains
+(models/training/trainer.py) and measures the average acceptance length tau of the head on
+held-out prompts through the real engine. The evaluation lives here because it imports the
+engine, which models/ must not. Known failures print ``error:``/``hint:`` and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from backend.config import GenerationConfig, TreeConfig
+from backend.engine.drafter import EagleDrafter
+from backend.engine.loop import generate
+from backend.engine.target import TargetRunner
+from backend.errors import CheckpointError, ConfigError, EagleChatError
+from backend.events import Finished
+from models.features import decoder_of
+from models.heads.base import DraftHead
+from models.heads.config import HeadKind
+from models.training.data import (
+    encode_prompt,
+    eos_token_ids,
+    load_conversations,
+    prompt_messages,
+    regenerate_replies,
+    split_held_out,
+    tokenize_conversations,
+)
+from models.training.trainer import TrainConfig, TrainResult, train_head
+
+logger = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="local directory of the target model")
+    parser.add_argument("--data", required=True, help="ShareGPT JSON/JSONL, prompt JSONL or .txt")
+    parser.add_argument("--kind", required=True, choices=[k.value for k in HeadKind])
+    parser.add_argument("--out", required=True, help="output directory of the head")
+    parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-length", type=int, default=2048, help="tokens per sequence")
+    parser.add_argument("--warmup-steps", type=int, default=None)
+    parser.add_argument("--regenerate", action="store_true",
+                        help="replace the replies by the target's own (recommended)")  # fmt: skip
+    parser.add_argument("--regen-max-new-tokens", type=int, default=256)
+    parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--draft-vocab-size", type=int, default=None,
+                        help="EAGLE-3 reduced draft vocabulary (e.g. 32000)")  # fmt: skip
+    parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time test")
+    parser.add_argument("--checkpoint-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=0, help="0 = evaluate at the end")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--eval-prompts", type=int, default=8,
+                        help="held-out prompts for the tau evaluation (0 = none)")  # fmt: skip
+    parser.add_argument("--eval-max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
+                        help="target dtype (auto: bfloat16 on CUDA, float32 otherwise)")  # fmt: skip
+    parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, evaluate, print one summary line; one-line errors with a hint and exit code 2."""
+    try:
+        result, held_out = _run(args)
+    except EagleChatError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        print("hint: run the same command with --resume to continue", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(summary_line(result, held_out))
+    return 0
+
+
+def summary_line(result: TrainResult, held_out: int) -> str:
+    tau = (
+        f"tau {result.tau:.2f} on {held_out} held-out prompts" if result.tau else "tau not measured"
+    )
+    accuracy = result.accuracies[0] if result.accuracies else 0.0
+    return (
+        f"trained {result.head.kind.value} head: {result.steps} steps, loss "
+        f"{result.final_loss:.4f}, depth-1 agreement {accuracy:.2f}, {tau} -> {result.out_dir}"
+    )
+
+
+def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
+    device = resolve_device(args.device)
+    model, tokenizer = load_target(args.target, args.dtype, device)
+    conversations = load_conversations(args.data)
+    train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
+    if args.regenerate:
+        train_convs = regenerate_replies(
+            model, tokenizer, train_convs, max_new_tokens=args.regen_max_new_tokens,
+            temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
+        )  # fmt: skip
+    examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
+    logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
+    config = TrainConfig(
+        kind=args.kind, out_dir=args.out, steps=args.steps, epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size, warmup_steps=args.warmup_steps,
+        draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps,
+        max_length=args.max_length, checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every, seed=args.seed, resume=args.resume,
+    )  # fmt: skip
+    prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
+    evaluate = None
+    if prompts:
+        evaluate = make_tau_evaluator(
+            model, tokenizer, prompts, GenerationConfig(max_new_tokens=args.eval_max_new_tokens)
+        )
+    return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+
+
+def resolve_device(requested: str | None) -> torch.device:
+    """The one place that picks the training device: as asked, else accelerate's choice."""
+    if requested:
+        return torch.device(requested)
+    from accelerate import PartialState
+
+    return PartialState().device
+
+
+def load_target(path: str, dtype: str, device: torch.device):
+    """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise ConfigError(f"target {path} is not a local directory",
+                          hint="download it first: python launch.py download <repo>")  # fmt: skip
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        torch_dtype = _DTYPES[dtype]
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot load the target from {path}: {err}") from err
+    return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def make_tau_evaluator(
+    model, tokenizer, prompts: Sequence[list[int]], config: GenerationConfig | None = None
+) -> Callable[[DraftHead], float]:
+    """evaluate(head) -> tau over all held-out prompts (round tokens / rounds, pooled), greedy,
+    through the same engine the app uses."""
+    config = config or GenerationConfig(tree=TreeConfig())
+    eos_ids = eos_token_ids(model, tokenizer)
+    num_layers = len(decoder_of(model).layers)
+
+    def evaluate(head: DraftHead) -> float:
+        tokens = rounds = 0.0
+        for prompt in prompts:
+            drafter = EagleDrafter(head, num_layers)
+            runner = TargetRunner(model, drafter.feature_indices)
+            events = list(generate(runner, drafter, list(prompt), config, eos_ids))
+            summary = next(e for e in reversed(events) if isinstance(e, Finished)).summary
+            tokens += summary.tau * summary.rounds
+            rounds += summary.rounds
+        return tokens / rounds if rounds else 0.0
+
+    return evaluate

@@ -1,0 +1,343 @@
+"""Training data for draft heads: chat files -> token ids with an assistant-only loss mask.
+
+    conversations = load_conversations("sharegpt.json")
+    train, held_out = split_held_out(conversations, held_out=8, seed=0)
+    train = regenerate_replies(target, tokenizer, train, max_new_tokens=256)   # optional
+    examples = tokenize_conversations(tokenizer, train, max_length=2048)
+
+A head only ever drafts inside assistant replies, so only assistant tokens carry loss. The mask is
+computed by rendering growing prefixes of the conversation through the tokenizer's own chat
+template: the characters an assistant turn adds are exactly its span, whatever the template.
+Regenerating the replies with the target teaches the head the target's own distribution
+(EAGLE-3 practice) rather than whatever model wrote the data set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from jinja2 import TemplateError
+
+from backend.errors import ConfigError, InputError
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+Conversation = list[Message]
+T = TypeVar("T")
+
+_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
+    "system": "system",
+}  # fmt: skip
+_PROMPT_KEYS = ("prompt", "instruction", "text", "question")
+_REPLY_KEYS = ("output", "response", "completion", "answer")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedExample:
+    input_ids: list[int]  # [S] target token ids
+    loss_mask: list[int]  # [S] 1 where the token belongs to an assistant reply
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def load_conversations(path: str | Path) -> list[Conversation]:
+    """Read ShareGPT JSON/JSONL (``conversations``/``messages``), prompt JSONL or a .txt file of
+    one prompt per line. Records that cannot be read are skipped with one warning."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"training data file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        return [
+            [{"role": "user", "content": line.strip()}]
+            for line in text.splitlines()
+            if line.strip()
+        ]
+    records = _json_records(text, path)
+    conversations, skipped = [], 0
+    for record in records:
+        conversation = record_to_conversation(record)
+        if conversation:
+            conversations.append(conversation)
+        else:
+            skipped += 1
+    if skipped:
+        logger.warning(
+            "skipped %d of %d records in %s (no usable turns)", skipped, len(records), path
+        )
+    if not conversations:
+        raise InputError(
+            f"no conversations or prompts found in {path}",
+            hint="expected ShareGPT 'conversations'/'messages' records or 'prompt' fields",
+        )
+    return conversations
+
+
+def _json_records(text: str, path: Path) -> list[Any]:
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("["):
+            return list(json.loads(stripped))
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path} is not valid JSON or JSON Lines: {err}") from err
+
+
+def record_to_conversation(record: Any) -> Conversation:
+    """One data record -> a list of role/content messages ([] when nothing usable)."""
+    if not isinstance(record, dict):
+        return []
+    turns = record.get("conversations", record.get("messages"))
+    conversation: Conversation = []
+    if isinstance(record.get("system"), str) and record["system"].strip():
+        conversation.append({"role": "system", "content": record["system"]})
+    if isinstance(turns, list):
+        for turn in turns:
+            if not isinstance(turn, dict):
+                return []
+            role = _ROLES.get(str(turn.get("from", turn.get("role", ""))).lower())
+            content = turn.get("value", turn.get("content"))
+            if role is None or not isinstance(content, str):
+                return []  # tool calls and unknown roles: skip the whole record
+            conversation.append({"role": role, "content": content})
+    else:
+        prompt = next((record[k] for k in _PROMPT_KEYS if isinstance(record.get(k), str)), None)
+        if not prompt:
+            return []
+        if isinstance(record.get("input"), str) and record["input"].strip():
+            prompt = f"{prompt}\n\n{record['input']}"
+        conversation.append({"role": "user", "content": prompt})
+        reply = next((record[k] for k in _REPLY_KEYS if isinstance(record.get(k), str)), None)
+        if reply:
+            conversation.append({"role": "assistant", "content": reply})
+    while conversation and conversation[0]["role"] == "assistant":
+        conversation.pop(0)  # ShareGPT dumps sometimes start with the bot's greeting
+    return conversation if any(m["role"] == "user" for m in conversation) else []
+
+
+def split_held_out(items: Sequence[T], held_out: int, seed: int) -> tuple[list[T], list[T]]:
+    """Deterministic split: ``held_out`` items chosen by a seeded shuffle; the rest keep order."""
+    held_out = max(0, min(held_out, len(items) - 1))
+    chosen = set(random.Random(seed).sample(range(len(items)), held_out))
+    train = [item for i, item in enumerate(items) if i not in chosen]
+    return train, [items[i] for i in sorted(chosen)]
+
+
+# ---- tokenising ------------------------------------------------------------------------------
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _render(tokenizer, messages: Conversation, generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer, messages: Conversation) -> list[int]:
+    """Token ids asking the target for the next assistant reply after ``messages``."""
+    if has_chat_template(tokenizer):
+        return _encode(tokenizer, _render(tokenizer, messages, generation_prompt=True))
+    ids: list[int] = []
+    for message in messages:
+        ids += _plain_turn(tokenizer, message)
+    return ids
+
+
+def prompt_messages(conversation: Conversation) -> Conversation:
+    """The conversation up to (not including) its first assistant reply: an evaluation prompt."""
+    for index, message in enumerate(conversation):
+        if message["role"] == "assistant":
+            return conversation[:index]
+    return list(conversation)
+
+
+def _plain_turn(tokenizer, message: Message) -> list[int]:
+    """No chat template: each turn's text followed by eos (when the tokenizer has one)."""
+    ids = _encode(tokenizer, message["content"])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def tokenize_conversation(
+    tokenizer, conversation: Conversation, max_length: int
+) -> TokenizedExample:
+    """Token ids of the whole conversation and a mask that is 1 only on assistant tokens
+    (each reply's text plus the end-of-turn tokens the template puts after it)."""
+    if not has_chat_template(tokenizer):
+        ids, mask = [], []
+        for message in conversation:
+            turn = _plain_turn(tokenizer, message)
+            ids += turn
+            mask += [int(message["role"] == "assistant")] * len(turn)
+        return TokenizedExample(ids[:max_length], mask[:max_length])
+    # Character span of each assistant turn = what rendering it adds to the rendered prefix.
+    segments: list[tuple[str, bool]] = []  # (text, is_assistant) in order
+    rendered = ""
+    for index, message in enumerate(conversation):
+        if message["role"] == "assistant":
+            before = _render(tokenizer, conversation[:index], generation_prompt=True)
+            segments.append((before, False))
+        after = _render(tokenizer, conversation[: index + 1], generation_prompt=False)
+        segments.append((after, message["role"] == "assistant"))
+    pieces: list[tuple[str, bool]] = []
+    for text, is_assistant in segments:
+        if not text.startswith(rendered):
+            pieces = _last_reply_only(tokenizer, conversation)
+            break
+        pieces.append((text[len(rendered) :], is_assistant))
+        rendered = text
+    return _tokenize_pieces(tokenizer, pieces, max_length)
+
+
+def _last_reply_only(tokenizer, conversation: Conversation) -> list[tuple[str, bool]]:
+    """Templates that rewrite earlier turns (e.g. drop old reasoning) break the prefix property:
+    train on the final reply only, in the form the target sees when writing it."""
+    last = max(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+    before = _render(tokenizer, conversation[:last], generation_prompt=True)
+    after = _render(tokenizer, conversation[: last + 1], generation_prompt=False)
+    if not after.startswith(before):
+        logger.warning("chat template output is not prefix-stable; conversation skipped")
+        return [(after, False)]
+    return [(before, False), (after[len(before) :], True)]
+
+
+def _tokenize_pieces(
+    tokenizer, pieces: list[tuple[str, bool]], max_length: int
+) -> TokenizedExample:
+    """Tokenise the joined text once (so merges across turn boundaries match inference) and
+    mark tokens by where they start; without offsets, tokenise piece by piece."""
+    text = "".join(p for p, _ in pieces)
+    if getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        bounds, position = [], 0
+        for piece, is_assistant in pieces:
+            bounds.append((position, position + len(piece), is_assistant))
+            position += len(piece)
+        ids, mask = list(encoded["input_ids"]), []
+        for start, _end in encoded["offset_mapping"]:
+            mask.append(int(any(a <= start < b and flag for a, b, flag in bounds)))
+    else:
+        ids, mask = [], []
+        for piece, is_assistant in pieces:
+            piece_ids = _encode(tokenizer, piece)
+            ids += piece_ids
+            mask += [int(is_assistant)] * len(piece_ids)
+    return TokenizedExample(ids[:max_length], mask[:max_length])
+
+
+def tokenize_conversations(
+    tokenizer, conversations: Sequence[Conversation], max_length: int
+) -> list[TokenizedExample]:
+    """Tokenise all; conversations without any assistant token (after truncation) are dropped."""
+    examples, dropped = [], 0
+    for conversation in conversations:
+        try:
+            example = tokenize_conversation(tokenizer, conversation, max_length)
+        except TemplateError as err:  # e.g. a template that rejects system turns
+            logger.debug("chat template rejected a conversation: %s", err)
+            dropped += 1
+            continue
+        if sum(example.loss_mask) >= 1:
+            examples.append(example)
+        else:
+            dropped += 1
+    if dropped:
+        logger.warning(
+            "dropped %d conversations (no assistant token, or the template refused them)", dropped
+        )
+    if not examples:
+        raise ConfigError(
+            "no training example has an assistant reply",
+            hint="the data holds prompts only: regenerate the replies with the target (--regenerate)",
+        )
+    return examples
+
+
+# ---- regeneration ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def regenerate_replies(
+    model,
+    tokenizer,
+    conversations: Sequence[Conversation],
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    max_length: int = 2048,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Conversation]:
+    """Replace every assistant reply by the target's own (batch 1): after each user turn the
+    target answers the conversation so far. Greedy when temperature is 0."""
+    device = model.get_input_embeddings().weight.device
+    eos_ids = eos_token_ids(model, tokenizer)
+    torch.manual_seed(seed)
+    out: list[Conversation] = []
+    for number, conversation in enumerate(conversations, start=1):
+        regenerated: Conversation = []
+        for message in conversation:
+            if message["role"] == "assistant":
+                continue
+            regenerated.append(message)
+            if message["role"] != "user":
+                continue
+            prompt = encode_prompt(tokenizer, regenerated)
+            budget = min(max_new_tokens, max_length - len(prompt))
+            if budget < 1:
+                regenerated.pop()
+                break
+            reply = _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device)
+            regenerated.append({"role": "assistant", "content": reply})
+        if any(m["role"] == "assistant" for m in regenerated):
+            out.append(regenerated)
+        if progress is not None:
+            progress(number, len(conversations))
+    logger.info("regenerated replies for %d of %d conversations", len(out), len(conversations))
+    return out
+
+
+def _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device) -> str:
+    input_ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=budget,
+        eos_token_id=eos_ids or None,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0],
+        **(sampling if temperature > 0 else {"do_sample": False}),
+    )
+    new_ids = output[0, len(prompt) :].tolist()
+    return tokenizer.decode(new_ids, skip_special_tokens=True)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """End-of-reply ids: the generation config's (may be several) plus the tokenizer's."""
+    ids = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, getattr(tokenizer, "eos_token_id", None)):
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None and item not in ids:
+                ids.append(int(item))
+    return ids

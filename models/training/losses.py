@@ -1,0 +1,195 @@
+"""Draft-head losses (eagle.md §2-§3) on one batch of precomputed target outputs.
+
+Indexing: a head position p pairs the target feature of position p with token p+1 and predicts
+the feature of position p+1, whose distribution is the target's for token p+2 (the target's
+logits at position p+1). With S tokens there are P = S-1 head positions.
+
+Which positions train: p counts when token p+1 is an assistant token (``loss_mask[p+1]``), i.e.
+exactly the contexts in which the engine drafts: its root is always a token the target produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from models.heads.base import DraftHead
+
+EAGLE1_VALUE_WEIGHT = 1.0  # smooth-L1 feature regression
+EAGLE1_PROB_WEIGHT = 0.1  # soft cross-entropy against the target's next-token distribution
+EAGLE3_STEP_DECAY = 0.8  # TTT step j is weighted 0.8**j
+
+
+@dataclass(slots=True)
+class TargetBatch:
+    """What the losses need from the frozen target, computed under no_grad."""
+
+    input_ids: torch.Tensor  # [B, S] long, right-padded
+    loss_mask: torch.Tensor  # [B, S] bool, assistant tokens (False on padding)
+    features: torch.Tensor  # [B, S, F] captured target features (F = H or 3H)
+    target_logits: torch.Tensor  # [B, S, V] the target's logits
+
+
+@dataclass(slots=True)
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    accuracies: list[float] = field(default_factory=list)  # teacher-forced top-1 per draft depth
+    positions: int = 0  # head positions that carried loss at depth 1
+
+    def estimated_tau(self) -> float:
+        """Acceptance length a chain draft would reach if depths were independent:
+        1 + a1 + a1*a2 + ... (the bonus token plus each accepted draft)."""
+        tau, chain = 1.0, 1.0
+        for accuracy in self.accuracies:
+            chain *= accuracy
+            tau += chain
+        return tau
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _soft_cross_entropy(target_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] x [..., V] -> [...]: -sum p log q, in float32."""
+    return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def _accuracy(agree: torch.Tensor, mask: torch.Tensor) -> float:
+    count = int(mask.sum())
+    return float((agree & mask).sum()) / count if count else 0.0
+
+
+def eagle1_loss(
+    head: DraftHead,
+    batch: TargetBatch,
+    noise: float = 0.2,
+    generator: torch.Generator | None = None,
+) -> LossOutput:
+    """smooth-L1(h_p, f_{p+1}) + 0.1 * CE(softmax(target logits_{p+1}), lm_head(h_p)).
+
+    The input features get uniform noise in [-noise/2, noise/2] (the reference's 0.2 -> +-0.1),
+    so the head tolerates its own imperfect features when it drafts several steps ahead."""
+    features = batch.features.float()  # [B, S, H] final normed hidden
+    hidden_in = features[:, :-1]
+    if noise > 0:
+        rand = torch.rand(
+            hidden_in.shape, generator=generator, device=hidden_in.device, dtype=hidden_in.dtype
+        )
+        hidden_in = hidden_in + (rand - 0.5) * noise
+    tokens_in = batch.input_ids[:, 1:]  # [B, P]
+    positions = torch.arange(tokens_in.shape[1], device=tokens_in.device)[None]
+    mask = batch.loss_mask[:, 1:]  # [B, P]
+    dtype = head.dtype_device()[0]
+    out = head(hidden_in.to(dtype), tokens_in, positions, None, None)  # [B, P, H]
+    value = F.smooth_l1_loss(out.float(), features[:, 1:], reduction="none").mean(-1)
+    target_logits = batch.target_logits[:, 1:].float()  # [B, P, V]
+    logits = head.logits(out)
+    prob = _soft_cross_entropy(torch.softmax(target_logits, dim=-1), logits)
+    loss = EAGLE1_VALUE_WEIGHT * _masked_mean(value, mask) + EAGLE1_PROB_WEIGHT * _masked_mean(
+        prob, mask
+    )
+    agree = logits.argmax(-1) == target_logits.argmax(-1)
+    return LossOutput(loss, [_accuracy(agree, mask)], int(mask.sum()))
+
+
+class _StepKeys:
+    """Collects every TTT step's keys/values (the head's attention calls ``update(k, v, 0)``);
+    step j's queries then see steps 0..j through the additive mask of :func:`ttt_attention_bias`."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int):
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
+def ttt_attention_bias(
+    positions: int, step: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """[1, 1, P, (step+1)*P] additive mask for TTT step j over the keys of steps 0..j.
+
+    Query p of step j is the depth-(j+1) draft whose last committed (true-feature) entry is
+    position p-j. Like a tree node in the engine, it sees the committed prefix (step-0 keys at
+    q <= p-j) and its own chain of drafted ancestors, one per earlier step: step i's key at
+    position p-j+i for i = 1..j (i = j is itself). Rows p < j have no real chain: they carry no
+    loss and no valid row attends to them."""
+    p = torch.arange(positions, device=device)[:, None]  # [P, 1]
+    q = torch.arange(positions, device=device)[None, :]  # [1, P]
+    blocks = [q <= p - step]  # step 0: causal prefix up to the chain's root
+    for i in range(1, step + 1):
+        blocks.append(q == p - step + i)  # the ancestor drafted at step i (itself when i == j)
+    allowed = torch.cat(blocks, dim=1)  # every row holds at least itself
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+def eagle3_loss(head: DraftHead, batch: TargetBatch, ttt_steps: int = 7) -> LossOutput:
+    """EAGLE-3 training-time test: unroll ``ttt_steps`` draft depths with teacher-forced tokens.
+
+    Step 0: hidden input at position p is fc(target features of p), token p+1.
+    Step j > 0: hidden input at position p is the head's step-(j-1) OUTPUT at position p-1 (its
+    prediction of the feature of p), token p+1 (the true token), position id p; attention as in
+    :func:`ttt_attention_bias`. This is what the drafter runs at depth j+1, with true tokens.
+    Every step predicts token p+2: soft cross-entropy against the target's distribution at p+1
+    restricted to the draft vocabulary (softmax over the gathered logits = gather + renormalise),
+    weighted 0.8**j. Position p counts at step j when tokens p+1 and p-j+1 (the chain's root) are
+    assistant tokens and, as in the reference, the target's argmax is in the draft vocabulary.
+    Gradients flow through the whole unroll (the fed-back outputs are not detached)."""
+    dtype, device = head.dtype_device()
+    tokens_in = batch.input_ids[:, 1:]  # [B, P]
+    count = tokens_in.shape[1]
+    base_mask = batch.loss_mask[:, 1:]  # [B, P]
+    target_logits = batch.target_logits[:, 1:]  # [B, P, V]
+    target_argmax = target_logits.argmax(-1)  # [B, P]
+    if head.config.has_reduced_vocab:
+        draft_to_target = head.to_target_ids(
+            torch.arange(head.config.draft_vocab_size, device=device)
+        )
+        target_probs = torch.softmax(target_logits[..., draft_to_target].float(), dim=-1)
+        in_vocab = head.t2d[target_argmax]
+    else:
+        target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, P, Vd]
+        in_vocab = torch.ones_like(base_mask)
+    hidden = head.project(batch.features[:, :-1].to(dtype))  # [B, P, H]
+    outputs = ttt_unroll(head, hidden, tokens_in, min(ttt_steps, count))
+    total = torch.zeros((), device=device)
+    accuracies: list[float] = []
+    for step, out in enumerate(outputs):
+        logits = head.logits(out)  # [B, P, Vd]
+        root_mask = torch.zeros_like(base_mask)
+        root_mask[:, step:] = base_mask[:, : count - step]  # token p-j+1 is an assistant token
+        mask = base_mask & root_mask
+        step_loss = _masked_mean(_soft_cross_entropy(target_probs, logits), mask & in_vocab)
+        total = total + EAGLE3_STEP_DECAY**step * step_loss
+        drafted = head.to_target_ids(logits.argmax(-1))
+        accuracies.append(_accuracy(drafted == target_argmax, mask))
+    return LossOutput(total, accuracies, int(base_mask.sum()))
+
+
+def ttt_unroll(
+    head: DraftHead, hidden: torch.Tensor, tokens_in: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
+    """The head's outputs [B, P, H] for steps 0..steps-1 (see :func:`eagle3_loss`), given the
+    projected target features ``hidden`` [B, P, H] and the tokens ``tokens_in`` [B, P]."""
+    dtype, device = head.dtype_device()
+    count = tokens_in.shape[1]
+    positions = torch.arange(count, device=device)[None]
+    kv = _StepKeys()
+    outputs = []
+    for step in range(steps):
+        bias = ttt_attention_bias(count, step, dtype, device)
+        out = head(hidden, tokens_in, positions, bias, kv)  # [B, P, H]
+        outputs.append(out)
+        hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # p <- o_{p-1}
+    return outputs

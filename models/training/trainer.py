@@ -1,0 +1,431 @@
+"""Train an EAGLE-1/2 or EAGLE-3 draft head against a frozen transformers target.
+
+    result = train_head(target, tokenizer, examples, TrainConfig(kind="eagle3", out_dir="out"))
+    # interrupted? the same call with resume=True continues from out/checkpoint-<step>/
+
+Per step: the target runs once under no_grad on a padded batch (features captured by hooks,
+logits kept), then the head's loss (losses.py) is minimised with AdamW on the head's own
+parameters; the embedding (and for EAGLE-1 the lm_head) are the target's, borrowed and frozen.
+Checkpoints are the official head format (config.json + model.safetensors, loadable by
+``models.checkpoints.load_head``) plus ``trainer_state.pt`` (optimizer, scheduler, step, RNG),
+read back with ``weights_only=True``. The data order is a pure function of (seed, step), so the
+step alone is the data position. Tau on held-out prompts comes from an injected ``evaluate``
+callback: the engine lives in backend/, which models/ must not import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from backend.errors import ConfigError
+from models.checkpoints import load_head, save_head
+from models.features import FeatureCapture, decoder_of
+from models.heads.base import DraftHead
+from models.heads.config import HeadKind, head_config_for_target
+from models.heads.registry import head_class
+from models.training.data import TokenizedExample
+from models.training.draft_vocab import build_draft_vocab, install_draft_vocab, token_counts
+from models.training.losses import LossOutput, TargetBatch, eagle1_loss, eagle3_loss
+
+logger = logging.getLogger(__name__)
+
+STATE_NAME = "trainer_state.pt"
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    """Head-training settings; the defaults follow the reference where it has one."""
+
+    kind: HeadKind | str  # eagle1 (EAGLE-1/2) or eagle3
+    out_dir: str | Path  # final head here, checkpoints in out_dir/checkpoint-<step>/
+    steps: int = 0  # optimizer steps; 0 = derive from epochs
+    epochs: float = 1.0  # passes over the examples when steps == 0
+    batch_size: int = 4  # sequences per step (right-padded)
+    lr: float = 3e-4  # peak AdamW learning rate (1e-4 .. 1e-3 typical)
+    weight_decay: float = 0.0
+    warmup_steps: int | None = None  # linear warm-up; None = 5% of steps
+    min_lr_ratio: float = 0.1  # cosine decays to lr * this
+    grad_clip: float = 0.5  # max grad norm (reference: 0.5); 0 = off
+    noise: float = 0.2  # EAGLE-1 input-feature noise width: uniform in +-noise/2
+    draft_vocab_size: int | None = None  # EAGLE-3 reduced vocab Vd; None = full vocab
+    ttt_steps: int = 7  # EAGLE-3 training-time-test unroll depth
+    intermediate_size: int | None = None  # head MLP width; None = the target's
+    init_from_target: bool = True  # EAGLE-3: start lm_head/norm from the target's rows
+    max_length: int = 2048  # tokens per sequence (longer ones are cut)
+    checkpoint_every: int = 500  # steps; 0 = only the final head
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    eval_every: int = 0  # steps between tau evaluations; 0 = only at the end
+    log_every: int = 10
+    seed: int = 0
+    device: str | None = None  # None = where the target is; "cuda:0", "cpu", ...
+    resume: bool = False  # continue from the newest checkpoint in out_dir
+    show_progress: bool = True  # tqdm bar on stderr
+
+    def __post_init__(self) -> None:
+        try:
+            self.kind = HeadKind(self.kind)
+        except ValueError as err:
+            raise ConfigError(f"head kind must be eagle1 or eagle3, got {self.kind!r}") from err
+        self.out_dir = Path(self.out_dir)
+        positive = {"batch_size": self.batch_size, "lr": self.lr, "ttt_steps": self.ttt_steps,
+                    "max_length": self.max_length}  # fmt: skip
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+        if self.steps < 0 or (self.steps == 0 and self.epochs <= 0):
+            raise ConfigError("give a positive number of steps or epochs")
+        if self.draft_vocab_size is not None and self.kind is not HeadKind.EAGLE3:
+            raise ConfigError("a reduced draft vocabulary exists only for EAGLE-3 heads")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainProgress:
+    step: int  # optimizer steps done
+    total_steps: int
+    loss: float
+    accuracy: float  # teacher-forced top-1 agreement at draft depth 1
+    estimated_tau: float  # 1 + a1 + a1*a2 + ... from teacher-forced agreements
+    lr: float
+    tau: float | None = None  # measured on held-out prompts, when evaluated at this step
+
+
+@dataclass(slots=True)
+class TrainResult:
+    head: DraftHead
+    out_dir: Path
+    steps: int
+    losses: list[float] = field(default_factory=list)  # per step, including resumed history
+    accuracies: list[float] = field(default_factory=list)  # last step's per-depth agreement
+    estimated_tau: float = 1.0
+    tau: float | None = None  # final held-out tau (None without an evaluate callback)
+    resumed_from: int | None = None
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1] if self.losses else float("nan")
+
+
+# ---- head construction ------------------------------------------------------------------------
+
+
+def build_head_for_target(
+    target: nn.Module, tokenizer, examples: Sequence[TokenizedExample], config: TrainConfig
+) -> DraftHead:
+    """A fresh head shaped for the target, bound to it; EAGLE-3 gets its draft vocabulary."""
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    reduced = config.draft_vocab_size if config.draft_vocab_size not in (None, vocab_size) else None
+    head_config = head_config_for_target(
+        target.config, config.kind, draft_vocab_size=reduced,
+        intermediate_size=config.intermediate_size,
+    )  # fmt: skip
+    torch.manual_seed(config.seed)
+    head = head_class(config.kind)(head_config)
+    target_ids = torch.arange(vocab_size)
+    if head_config.has_reduced_vocab:
+        counts = token_counts(((e.input_ids, e.loss_mask) for e in examples), vocab_size)
+        specials = getattr(tokenizer, "all_special_ids", []) if tokenizer is not None else []
+        vocab = build_draft_vocab(counts, head_config.draft_vocab_size, specials)
+        install_draft_vocab(head, vocab)
+        target_ids = vocab.target_ids
+        covered = counts[target_ids].sum() / counts.sum().clamp(min=1)
+        logger.info("draft vocabulary: %d tokens cover %.1f%% of assistant tokens",
+                    vocab.size, 100 * float(covered))  # fmt: skip
+    if config.kind is HeadKind.EAGLE3 and config.init_from_target:
+        _init_from_target(head, target, target_ids)
+    head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    return head
+
+
+@torch.no_grad()
+def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tensor) -> None:
+    """Start the EAGLE-3 lm_head (and norm) as the target's: the head's output then begins in
+    a space where the target's own readout already works, which speeds up early training."""
+    weight = target.get_output_embeddings().weight
+    if weight.shape[1] == head.lm_head.weight.shape[1]:
+        head.lm_head.weight.copy_(weight[target_ids.to(weight.device)].float())
+    norm = getattr(decoder_of(target), "norm", None)
+    norm_weight = getattr(norm, "weight", None)
+    if norm_weight is not None and norm_weight.shape == head.norm.weight.shape:
+        head.norm.weight.copy_(norm_weight.float())
+
+
+# ---- batches ----------------------------------------------------------------------------------
+
+
+def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Example indices of ``step``: a seeded permutation per epoch, read as one stream."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, num_examples)
+        order = list(range(num_examples))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        indices.append(order[offset])
+    return indices
+
+
+@torch.no_grad()
+def target_batch(
+    target: nn.Module,
+    examples: Sequence[TokenizedExample],
+    feature_layers: tuple[int, ...],
+    pad_id: int,
+    max_length: int,
+    device: torch.device,
+) -> TargetBatch:
+    """Pad a batch on the right and run the frozen target once: features and logits."""
+    length = min(max(len(e.input_ids) for e in examples), max_length)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.bool)
+    valid = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = min(len(example.input_ids), length)
+        ids[row, :n] = torch.tensor(example.input_ids[:n])
+        mask[row, :n] = torch.tensor(example.loss_mask[:n], dtype=torch.bool)
+        valid[row, :n] = 1
+    ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
+    with FeatureCapture(target, feature_layers) as capture:
+        logits = target(input_ids=ids, attention_mask=valid).logits  # [B, S, V]
+        features = capture.features()  # [B, S, F]
+    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits)
+
+
+def _pad_id(tokenizer) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _schedule(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def checkpoint_dirs(out_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``out_dir``, oldest first."""
+    found = []
+    for path in Path(out_dir).glob(f"{CHECKPOINT_PREFIX}*"):
+        suffix = path.name[len(CHECKPOINT_PREFIX) :]
+        if suffix.isdigit() and (path / STATE_NAME).is_file():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def _save_checkpoint(out_dir: Path, step: int, head: DraftHead, state: dict, keep: int) -> Path:
+    final = out_dir / f"{CHECKPOINT_PREFIX}{step}"
+    partial = out_dir / f".{CHECKPOINT_PREFIX}{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    save_head(head, partial)
+    torch.save(state, partial / STATE_NAME)
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)  # a checkpoint dir exists only once complete
+    for _, old in checkpoint_dirs(out_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def _restore(path: Path, head: DraftHead) -> dict:
+    loaded = load_head(path)
+    if loaded.config.to_dict() != head.config.to_dict():
+        raise ConfigError(
+            f"checkpoint {path} holds a different head than this run would train",
+            hint="resume with the same kind, draft vocabulary size and target",
+        )
+    head.load_state_dict(loaded.state_dict(), strict=True)
+    return torch.load(path / STATE_NAME, map_location="cpu", weights_only=True)
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+
+
+def train_head(
+    target: nn.Module,
+    tokenizer,
+    examples: Sequence[TokenizedExample],
+    config: TrainConfig,
+    progress_callback: Callable[[TrainProgress], None] | None = None,
+    evaluate: Callable[[DraftHead], float] | None = None,
+) -> TrainResult:
+    """Train a head on ``examples``; ``evaluate(head) -> tau`` runs every ``eval_every`` steps
+    and at the end. Returns the trained head (also written to ``config.out_dir``)."""
+    if not examples:
+        raise ConfigError("no training examples")
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = checkpoint_dirs(out_dir)
+    if existing and not config.resume:
+        raise ConfigError(
+            f"{out_dir} already holds training checkpoints",
+            hint="resume them (--resume) or choose another output directory",
+        )
+    device = (
+        torch.device(config.device)
+        if config.device
+        else target.get_input_embeddings().weight.device
+    )
+    if config.device and not getattr(target, "hf_device_map", None):
+        target.to(device)
+    target.eval().requires_grad_(False)
+    head = build_head_for_target(target, tokenizer, examples, config).to(device).train()
+    feature_layers = head.feature_layers(len(decoder_of(target).layers))
+    total = config.steps or math.ceil(config.epochs * len(examples) / config.batch_size)
+    warmup = config.warmup_steps if config.warmup_steps is not None else max(1, total // 20)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _schedule(total, warmup, config.min_lr_ratio)
+    )
+    noise_rng = torch.Generator(device=device).manual_seed(config.seed)
+    result = TrainResult(head=head, out_dir=out_dir, steps=0)
+    if config.resume and existing:
+        step_done, path = existing[-1]
+        state = _restore(path, head)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        noise_rng.set_state(state["noise_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        result.losses = list(state["losses"])
+        result.steps = result.resumed_from = int(state["step"])
+        logger.info("resumed from %s (step %d of %d)", path, step_done, total)
+    elif config.resume:
+        logger.info("no checkpoint in %s: starting from step 0", out_dir)
+    pad_id = _pad_id(tokenizer)
+    bar = _progress_bar(config, total, result.steps)
+    updating = False  # True while the weights and the optimizer state disagree
+    try:
+        for step in range(result.steps, total):
+            picked = batch_indices(len(examples), config.batch_size, step, config.seed)
+            batch = target_batch(
+                target, [examples[i] for i in picked], feature_layers, pad_id,
+                config.max_length, device,
+            )  # fmt: skip
+            output = _loss(head, batch, config, noise_rng)
+            optimizer.zero_grad(set_to_none=True)
+            output.loss.backward()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            updating = True
+            optimizer.step()
+            scheduler.step()
+            result.steps = done = step + 1
+            updating = False
+            result.losses.append(float(output.loss.detach()))
+            result.accuracies, result.estimated_tau = output.accuracies, output.estimated_tau()
+            tau = None
+            if evaluate is not None and config.eval_every and done % config.eval_every == 0:
+                tau = _evaluate(head, evaluate) if done < total else None
+            _report(result, output, done, total, scheduler, tau, config, bar, progress_callback)
+            if config.checkpoint_every and (done % config.checkpoint_every == 0 or done == total):
+                state = _trainer_state(done, total, optimizer, scheduler, noise_rng, result.losses)
+                _save_checkpoint(out_dir, done, head, state, config.keep_checkpoints)
+    except KeyboardInterrupt:
+        # Save where we are, so that resume=True continues from this very step.
+        if not updating and result.steps > (result.resumed_from or 0):
+            state = _trainer_state(
+                result.steps, total, optimizer, scheduler, noise_rng, result.losses
+            )
+            _save_checkpoint(out_dir, result.steps, head, state, config.keep_checkpoints)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    save_head(head, out_dir)
+    if evaluate is not None:
+        result.tau = _evaluate(head, evaluate)
+    _write_summary(out_dir, config, result)
+    return result
+
+
+def _loss(head: DraftHead, batch: TargetBatch, config: TrainConfig, rng) -> LossOutput:
+    if config.kind is HeadKind.EAGLE1:
+        return eagle1_loss(head, batch, noise=config.noise, generator=rng)
+    return eagle3_loss(head, batch, ttt_steps=config.ttt_steps)
+
+
+def _trainer_state(step, total, optimizer, scheduler, noise_rng, losses) -> dict:
+    return {
+        "step": step,
+        "total_steps": total,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "noise_rng": noise_rng.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "losses": list(losses),
+    }
+
+
+def _evaluate(head: DraftHead, evaluate: Callable[[DraftHead], float]) -> float:
+    head.eval()
+    try:
+        with torch.no_grad():
+            return float(evaluate(head))
+    finally:
+        head.train()
+
+
+def _progress_bar(config: TrainConfig, total: int, start: int):
+    if not config.show_progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc=f"train {config.kind.value} head", unit="step")
+
+
+def _report(result, output, done, total, scheduler, tau, config, bar, callback) -> None:
+    accuracy = output.accuracies[0] if output.accuracies else 0.0
+    progress = TrainProgress(
+        step=done, total_steps=total, loss=result.losses[-1], accuracy=accuracy,
+        estimated_tau=result.estimated_tau, lr=scheduler.get_last_lr()[0], tau=tau,
+    )  # fmt: skip
+    if bar is not None:
+        postfix = {"loss": f"{progress.loss:.3f}", "acc": f"{accuracy:.2f}",
+                   "tau~": f"{progress.estimated_tau:.2f}"}  # fmt: skip
+        if tau is not None:
+            postfix["tau"] = f"{tau:.2f}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
+    if done % max(1, config.log_every) == 0 or done == total or tau is not None:
+        logger.info("step %d/%d loss %.4f acc %.3f est. tau %.2f lr %.2e%s", done, total,
+                    progress.loss, accuracy, progress.estimated_tau, progress.lr,
+                    f" held-out tau {tau:.2f}" if tau is not None else "")  # fmt: skip
+    if callback is not None:
+        callback(progress)
+
+
+def _write_summary(out_dir: Path, config: TrainConfig, result: TrainResult) -> None:
+    """training_summary.json next to the head: how it was trained and what it reached."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    settings["kind"] = config.kind.value
+    summary = {
+        "config": settings,
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "teacher_forced_accuracy": result.accuracies,
+        "estimated_tau": result.estimated_tau,
+        "held_out_tau": result.tau,
+        "resumed_from": result.resumed_from,
+    }
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

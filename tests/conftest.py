@@ -1,0 +1,21 @@
+"""Test session setup: offline Hub, no analytics, deterministic CPU threads."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import torch  # noqa: E402
+
+# Tiny models are fastest on one thread, and several threads fight each other on 2 cores.
+torch.set_num_threads(1)

@@ -1,0 +1,24 @@
+"""Run the engine on tiny models and collect its events."""
+
+from __future__ import annotations
+
+from backend.config import GenerationConfig
+from backend.engine.drafter import EagleDrafter
+from backend.engine.loop import generate
+from backend.engine.target import TargetRunner
+from backend.events import Finished, GenerationSummary, RoundCompleted
+
+
+def make_runner(target, head=None) -> tuple[TargetRunner, EagleDrafter | None]:
+    num_layers = target.config.num_hidden_layers
+    drafter = EagleDrafter(head, num_layers) if head is not None else None
+    runner = TargetRunner(target, drafter.feature_indices if drafter else ())
+    return runner, drafter
+
+
+def run(runner, drafter, prompt, **config) -> tuple[GenerationSummary, list[RoundCompleted]]:
+    eos_ids = config.pop("eos_ids", ())
+    events = list(generate(runner, drafter, prompt, GenerationConfig(**config), eos_ids=eos_ids))
+    assert isinstance(events[-1], Finished), events[-1]
+    rounds = [e for e in events if isinstance(e, RoundCompleted)]
+    return events[-1].summary, rounds

@@ -1,0 +1,35 @@
+"""Non-trivial acceptance: with a head that knows its target, several drafts are accepted per
+round, paths end early (partial acceptance, KV gathered from the middle of the tree) and the
+output still equals vanilla greedy decoding."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from backend.config import TreeConfig
+from tests.engine.helpers import make_runner, run
+from tests.factories import easy_llama_pair
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [TreeConfig(), TreeConfig(total_tokens=9, depth=8, top_k=1), TreeConfig(shape="static")],
+    ids=["dynamic", "chain", "static"],
+)
+def test_tau_above_1_5_with_identical_output(tree: TreeConfig) -> None:
+    target, head = easy_llama_pair()
+    runner, drafter = make_runner(target, head)
+    for prompt in ([1, 2, 3, 4], [9, 8, 7, 30, 31, 5]):
+        eagle, rounds = run(runner, drafter, prompt, mode="eagle", max_new_tokens=120, tree=tree)
+        vanilla, _ = run(runner, drafter, prompt, mode="vanilla", max_new_tokens=120)
+        assert eagle.token_ids == vanilla.token_ids
+        assert eagle.tau > 1.5
+        assert eagle.rounds < vanilla.rounds / 1.5  # fewer target forwards
+        lengths = Counter(eagle.accept_lengths)
+        assert any(a > 1 for a in lengths), lengths  # multi-token acceptance
+        assert any(a < tree.depth for a in lengths), lengths  # partial acceptance happens
+        # per-round events add up to the summary
+        assert sum(len(r.token_ids) for r in rounds) == eagle.new_tokens
+        assert sum(r.num_accepted_drafts for r in rounds) == sum(eagle.accept_lengths)
