@@ -112,10 +112,14 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     conversations = load_conversations(args.data)
     train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
     if args.regenerate:
-        train_convs = regenerate_replies(
-            model, tokenizer, train_convs, max_new_tokens=args.regen_max_new_tokens,
-            temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
-        )  # fmt: skip
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(train_convs), desc="regenerate replies", unit="conv") as bar:
+            train_convs = regenerate_replies(
+                model, tokenizer, train_convs, max_new_tokens=args.regen_max_new_tokens,
+                temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
+                progress=lambda done, total: bar.update(done - bar.n),
+            )  # fmt: skip
     examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
     logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
     config = TrainConfig(

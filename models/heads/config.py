@@ -132,6 +132,12 @@ def _check_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
 def detect_kind(raw_config: dict[str, Any], keys: Iterable[str]) -> HeadKind:
     """Decide EAGLE-1/2 versus EAGLE-3 from the config and the weight names, never a flag."""
     key_set = set(keys)
+    if any(k.startswith("layers.1.") for k in key_set):
+        raise CheckpointError(
+            "this checkpoint has several decoder layers: it looks like a full model, not a "
+            "one-layer EAGLE draft head",
+            hint="pass the target as --target and its EAGLE head as --head",
+        )
     has_eagle3_keys = any(k.startswith("midlayer.") for k in key_set) or "d2t" in key_set
     has_eagle1_keys = any(k.startswith("layers.0.") for k in key_set)
     arch = raw_config.get("architectures") or []

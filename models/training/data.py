@@ -134,6 +134,17 @@ def split_held_out(items: Sequence[T], held_out: int, seed: int) -> tuple[list[T
     return train, [items[i] for i in sorted(chosen)]
 
 
+def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Example indices of ``step``: a seeded permutation per epoch, read as one stream."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, num_examples)
+        order = list(range(num_examples))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        indices.append(order[offset])
+    return indices
+
+
 # ---- tokenising ------------------------------------------------------------------------------
 
 

@@ -10,12 +10,16 @@ exactly the contexts in which the engine drafts: its root is always a token the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from models.features import FeatureCapture
 from models.heads.base import DraftHead
+from models.training.data import TokenizedExample
 
 EAGLE1_VALUE_WEIGHT = 1.0  # smooth-L1 feature regression
 EAGLE1_PROB_WEIGHT = 0.1  # soft cross-entropy against the target's next-token distribution
@@ -46,6 +50,40 @@ class LossOutput:
             chain *= accuracy
             tau += chain
         return tau
+
+
+@torch.no_grad()
+def target_batch(
+    target: nn.Module,
+    examples: Sequence[TokenizedExample],
+    feature_layers: tuple[int, ...],
+    pad_id: int,
+    max_length: int,
+    device: torch.device,
+) -> TargetBatch:
+    """Pad a batch on the right and run the frozen target once: features and logits."""
+    length = min(max(len(e.input_ids) for e in examples), max_length)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.bool)
+    valid = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = min(len(example.input_ids), length)
+        ids[row, :n] = torch.tensor(example.input_ids[:n])
+        mask[row, :n] = torch.tensor(example.loss_mask[:n], dtype=torch.bool)
+        valid[row, :n] = 1
+    ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
+    with FeatureCapture(target, feature_layers) as capture:
+        logits = target(input_ids=ids, attention_mask=valid).logits  # [B, S, V]
+        features = capture.features()  # [B, S, F]
+    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits)
+
+
+def pad_id_of(tokenizer) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,15 +26,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from backend.errors import ConfigError
+from backend.errors import ConfigError, IncompatibleHeadError
 from models.checkpoints import load_head, save_head
-from models.features import FeatureCapture, decoder_of
+from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind, head_config_for_target
+from models.heads.eagle3 import MIN_TARGET_LAYERS
 from models.heads.registry import head_class
-from models.training.data import TokenizedExample
+from models.training.data import TokenizedExample, batch_indices
 from models.training.draft_vocab import build_draft_vocab, install_draft_vocab, token_counts
-from models.training.losses import LossOutput, TargetBatch, eagle1_loss, eagle3_loss
+from models.training.losses import (
+    LossOutput,
+    TargetBatch,
+    eagle1_loss,
+    eagle3_loss,
+    pad_id_of,
+    target_batch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +130,22 @@ def build_head_for_target(
     target: nn.Module, tokenizer, examples: Sequence[TokenizedExample], config: TrainConfig
 ) -> DraftHead:
     """A fresh head shaped for the target, bound to it; EAGLE-3 gets its draft vocabulary."""
+    num_layers = len(decoder_of(target).layers)
+    if config.kind is HeadKind.EAGLE3 and num_layers < MIN_TARGET_LAYERS:
+        raise IncompatibleHeadError(
+            f"an EAGLE-3 head needs a target with at least {MIN_TARGET_LAYERS} layers, "
+            f"this one has {num_layers}",
+            hint="train an EAGLE-1/2 head (--kind eagle1) instead",
+        )
     vocab_size = target.get_output_embeddings().weight.shape[0]
     reduced = config.draft_vocab_size if config.draft_vocab_size not in (None, vocab_size) else None
     head_config = head_config_for_target(
         target.config, config.kind, draft_vocab_size=reduced,
         intermediate_size=config.intermediate_size,
     )  # fmt: skip
-    torch.manual_seed(config.seed)
-    head = head_class(config.kind)(head_config)
+    with torch.random.fork_rng(devices=[]):  # a seeded init without touching the caller's RNG
+        torch.manual_seed(config.seed)
+        head = head_class(config.kind)(head_config)
     target_ids = torch.arange(vocab_size)
     if head_config.has_reduced_vocab:
         counts = token_counts(((e.input_ids, e.loss_mask) for e in examples), vocab_size)
@@ -160,52 +175,7 @@ def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tens
         head.norm.weight.copy_(norm_weight.float())
 
 
-# ---- batches ----------------------------------------------------------------------------------
-
-
-def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
-    """Example indices of ``step``: a seeded permutation per epoch, read as one stream."""
-    indices = []
-    for position in range(step * batch_size, (step + 1) * batch_size):
-        epoch, offset = divmod(position, num_examples)
-        order = list(range(num_examples))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        indices.append(order[offset])
-    return indices
-
-
-@torch.no_grad()
-def target_batch(
-    target: nn.Module,
-    examples: Sequence[TokenizedExample],
-    feature_layers: tuple[int, ...],
-    pad_id: int,
-    max_length: int,
-    device: torch.device,
-) -> TargetBatch:
-    """Pad a batch on the right and run the frozen target once: features and logits."""
-    length = min(max(len(e.input_ids) for e in examples), max_length)
-    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), length), dtype=torch.bool)
-    valid = torch.zeros((len(examples), length), dtype=torch.long)
-    for row, example in enumerate(examples):
-        n = min(len(example.input_ids), length)
-        ids[row, :n] = torch.tensor(example.input_ids[:n])
-        mask[row, :n] = torch.tensor(example.loss_mask[:n], dtype=torch.bool)
-        valid[row, :n] = 1
-    ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
-    with FeatureCapture(target, feature_layers) as capture:
-        logits = target(input_ids=ids, attention_mask=valid).logits  # [B, S, V]
-        features = capture.features()  # [B, S, F]
-    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits)
-
-
-def _pad_id(tokenizer) -> int:
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None) if tokenizer is not None else None
-        if value is not None:
-            return int(value)
-    return 0
+# ---- schedule ---------------------------------------------------------------------------------
 
 
 def _schedule(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
@@ -312,7 +282,7 @@ def train_head(
         logger.info("resumed from %s (step %d of %d)", path, step_done, total)
     elif config.resume:
         logger.info("no checkpoint in %s: starting from step 0", out_dir)
-    pad_id = _pad_id(tokenizer)
+    pad_id = pad_id_of(tokenizer)
     bar = _progress_bar(config, total, result.steps)
     updating = False  # True while the weights and the optimizer state disagree
     try:

@@ -1,0 +1,96 @@
+"""``python launch.py generate``: one prompt through EAGLE or vanilla decoding.
+
+    python launch.py generate --target PATH --head PATH --prompt "Hello" --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from backend.api import Backend
+from backend.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GenerationConfig,
+    LoadConfig,
+    SamplingConfig,
+    TreeConfig,
+)
+from backend.errors import EagleChatError
+from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
+
+_TREE = TreeConfig()
+_SAMPLING = SamplingConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model: local path or Hub id")
+    parser.add_argument("--head", help="EAGLE draft head: local path or Hub id")
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--mode", choices=["eagle", "vanilla"], default=None,
+                        help="default: eagle when a head is given, else vanilla")  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=_SAMPLING.temperature)
+    parser.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
+    parser.add_argument("--top-k-sampling", type=int, default=_SAMPLING.top_k,
+                        help="top-k cut of the sampling distribution (0 = off)")  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--total-tokens", type=int, default=_TREE.total_tokens,
+                        help="tree nodes verified per round, root included")  # fmt: skip
+    parser.add_argument("--depth", type=int, default=_TREE.depth, help="draft steps per round")
+    parser.add_argument("--top-k", type=int, default=_TREE.top_k, help="tree branching")
+    parser.add_argument("--tree-shape", choices=["dynamic", "static"], default=_TREE.shape)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none")
+    parser.add_argument("--device-map", help="accelerate device_map, e.g. auto")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow model repos to run their own code (off by default)")  # fmt: skip
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--raw", action="store_true", help="skip the chat template")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
+def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
+    load = LoadConfig(
+        target=args.target, head=args.head, dtype=args.dtype, quantization=args.quantize,
+        device_map=args.device_map, trust_remote_code=args.trust_remote_code,
+    )  # fmt: skip
+    generation = GenerationConfig(
+        mode=args.mode or ("eagle" if args.head else "vanilla"),
+        max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
+        tree=TreeConfig(args.total_tokens, args.depth, args.top_k, args.tree_shape),
+    )
+    return load, generation
+
+
+def run(args: argparse.Namespace) -> int:
+    load, generation = build_configs(args)  # config errors surface before any loading
+    backend = Backend()
+    backend.load(load)
+    messages = [{"role": "user", "content": args.prompt}]
+    summary = None
+    for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):
+        if isinstance(event, GenerationFailed):
+            raise EagleChatError(event.message, event.hint, event.code)
+        if isinstance(event, RoundCompleted) and not args.json:
+            sys.stdout.write("".join(span.text for span in event.spans))
+            sys.stdout.flush()
+        if isinstance(event, Finished):
+            summary = event.summary
+    assert summary is not None
+    if args.json:
+        data = to_dict(summary)
+        data.pop("event")
+        data["mode"] = generation.mode
+        print(json.dumps(data))
+    else:
+        print()
+        print(
+            f"[{generation.mode}] {summary.new_tokens} tokens, {summary.rounds} rounds, "
+            f"tau {summary.tau:.2f}, {summary.tokens_per_s:.1f} tokens/s, "
+            f"stop: {summary.stop_reason}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,30 @@
+"""Prompt text -> token ids, through the tokenizer's chat template when it has one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backend.errors import InputError
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+
+def build_messages(history: Sequence[Message], system_prompt: str | None = None) -> list[Message]:
+    messages = [dict(m) for m in history]
+    if system_prompt and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def prompt_ids(tokenizer, messages: Sequence[Message], raw: bool = False) -> list[int]:
+    """Token ids for a generation that answers the last user message.
+
+    ``raw`` (or a tokenizer without a chat template) concatenates the message texts instead.
+    """
+    if not messages or not any(m.get("content", "").strip() for m in messages if m["role"] == "user"):
+        raise InputError("the prompt is empty", hint="type a message first")
+    if raw or not getattr(tokenizer, "chat_template", None):
+        text = "\n".join(m["content"] for m in messages if m["role"] != "system")
+        return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

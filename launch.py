@@ -1,0 +1,73 @@
+"""EagleChat's one entry point.
+
+    python launch.py                      # the app on the bundled demo pair (offline)
+    python launch.py generate --target PATH --head PATH --prompt "Hi" [--json]
+    python launch.py download PAIR_OR_ID [--dry-run]
+    python launch.py make-demo-target     # train the demo target LM from offline text
+
+Each subcommand lives in the module that owns it (``add_arguments`` / ``run``); this file only
+dispatches, configures logging and turns known errors into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# subcommand -> (module, help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("backend.services.generate_cli", "generate one reply from a prompt"),
+    "download": ("backend.services.hub_cli", "download a target/head pair from the Hub"),
+    "make-demo-target": ("models.training.demo_target", "train the bundled demo target model"),
+}
+
+
+def configure_logging(verbosity: int) -> None:
+    level = logging.WARNING - 10 * verbosity
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "bitsandbytes", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    if verbosity == 0:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch.py", description="EagleChat")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    subparsers = parser.add_subparsers(dest="command")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text)
+        importlib.import_module(module_name).add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    from backend.errors import EagleChatError
+
+    try:
+        return int(module.run(args) or 0)
+    except EagleChatError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``launch.py generate`` end to end on a tiny saved target + head, and its error handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.checkpoints import save_head
+from tests.factories import tiny_head, tiny_target, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory) -> tuple[Path, Path, Path]:
+    base = tmp_path_factory.mktemp("pair")
+    tokenizer = tiny_tokenizer(base / "target")
+    target = tiny_target("qwen3", vocab_size=len(tokenizer), num_layers=8)
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    target.save_pretrained(base / "target")
+    save_head(tiny_head("eagle1", target), base / "head1")
+    save_head(tiny_head("eagle3", target, draft_vocab_size=120), base / "head3")
+    return base / "target", base / "head1", base / "head3"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("head_name", ["head1", "head3"])
+def test_json_output_and_identity(saved_pair, head_name) -> None:
+    target, head1, head3 = saved_pair
+    head = head1 if head_name == "head1" else head3
+    common = ["generate", "--target", str(target), "--head", str(head), "--prompt", "hello world",
+              "--max-new-tokens", "24", "--json"]  # fmt: skip
+    eagle = cli(*common)
+    assert eagle.returncode == 0, eagle.stderr
+    data = json.loads(eagle.stdout.strip().splitlines()[-1])
+    for key in ("mode", "text", "token_ids", "new_tokens", "rounds", "accept_lengths", "tau",
+                "tokens_per_s"):  # fmt: skip
+        assert key in data, key
+    assert data["mode"] == "eagle"
+    assert data["new_tokens"] == len(data["token_ids"]) <= 24
+    assert len(data["accept_lengths"]) == data["rounds"]
+    vanilla = json.loads(cli(*common, "--mode", "vanilla").stdout.strip().splitlines()[-1])
+    assert vanilla["token_ids"] == data["token_ids"]
+    assert vanilla["text"] == data["text"]
+    assert vanilla["tau"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prompt", "   "], "the prompt is empty"),
+        (["--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens must be a positive"),
+        (["--prompt", "hi", "--max-new-tokens", "-3"], "max_new_tokens must be a positive"),
+        (["--prompt", "hi", "--depth", "0"], "tree depth must be >= 1"),
+        (["--prompt", "hi", "--total-tokens", "500"], "tree total_tokens=500 exceeds what depth"),
+        (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["--prompt", "hello " * 600], "the model's context is 512"),
+    ],
+)
+def test_bad_input_is_a_clear_error(saved_pair, extra, message) -> None:
+    target, head1, _ = saved_pair
+    result = cli("generate", "--target", str(target), "--head", str(head1), *extra)
+    assert result.returncode == 2
+    assert "error: " in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_mismatched_head_is_a_clear_error(saved_pair, tmp_path) -> None:
+    target, _, _ = saved_pair
+    other = tiny_target("llama", vocab_size=1000, num_layers=8)
+    save_head(tiny_head("eagle1", other), tmp_path / "other")
+    result = cli("generate", "--target", str(target), "--head", str(tmp_path / "other"), "--prompt", "hi")
+    assert result.returncode == 2
+    assert "vocabulary size: head 1000 vs target" in result.stderr
