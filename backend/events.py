@@ -111,3 +111,56 @@ def to_dict(event: Any) -> dict[str, Any]:
     data = dataclasses.asdict(event)
     data["event"] = type(event).__name__
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class PairInfo:
+    """What is loaded, for display."""
+
+    target: str
+    head: str | None
+    head_kind: str | None  # "eagle1" | "eagle3" | None
+    architecture: str
+    dtype: str
+    device: str
+    quantization: str
+    parameters: int
+    vocab_size: int
+    max_context: int
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    info: PairInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    code: str
+    message: str
+    hint: str = ""
+
+
+LoadEvent = Union[Progress, Loaded, LoadFailed]
+
+RaceLane = Literal["vanilla", "eagle"]
+
+
+@dataclass(frozen=True, slots=True)
+class RaceUpdate:
+    """One event of one lane of an EAGLE-versus-vanilla race."""
+
+    lane: RaceLane
+    event: GenerationEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RaceFinished:
+    vanilla: GenerationSummary
+    eagle: GenerationSummary
+    speedup: float  # eagle tokens/s / vanilla tokens/s, measured in this race
+    identical: bool  # same token ids
+    first_divergence: int | None  # index of the first differing new token, None if identical
+
+
+RaceEvent = Union[RaceUpdate, RaceFinished, GenerationFailed]
