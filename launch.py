@@ -27,7 +27,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def configure_logging(verbosity: int) -> None:
     level = logging.WARNING - 10 * verbosity
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("httpx", "bitsandbytes", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     if verbosity == 0:

@@ -114,6 +114,4 @@ class LoadConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.quantization not in ("none", "8bit", "4bit"):
-            raise ConfigError(
-                f"quantization must be none|8bit|4bit, got {self.quantization!r}"
-            )
+            raise ConfigError(f"quantization must be none|8bit|4bit, got {self.quantization!r}")

@@ -64,7 +64,9 @@ def read_raw(directory: str | Path) -> RawCheckpoint:
         raise CheckpointError(
             f"no {SAFETENSORS_NAME} or {PICKLE_NAME} in head directory {directory}"
         )
-    return RawCheckpoint(config=config, state_dict=normalise_keys(state_dict), weights_file=weights_file)
+    return RawCheckpoint(
+        config=config, state_dict=normalise_keys(state_dict), weights_file=weights_file
+    )
 
 
 def normalise_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -90,6 +92,13 @@ def build_head(raw: RawCheckpoint) -> DraftHead:
         # Equal vocabularies: the mapping is the identity, whether or not it was saved.
         state_dict.pop("d2t", None)
         state_dict.pop("t2d", None)
+    if kind is HeadKind.EAGLE3 and config.has_reduced_vocab and "d2t" not in state_dict:
+        raise CheckpointError(
+            f"{raw.weights_file}: draft_vocab_size {config.draft_vocab_size} is smaller than "
+            f"vocab_size {config.vocab_size} but the checkpoint has no d2t mapping, so draft "
+            "tokens cannot be translated to target tokens",
+            hint="re-export the head with its d2t/t2d buffers",
+        )
     with_embedding = "embed_tokens.weight" in state_dict
     head = head_class(kind)(config, with_embedding=with_embedding)
     _check_keys(head, state_dict, raw.weights_file)
@@ -102,9 +111,7 @@ def build_head(raw: RawCheckpoint) -> DraftHead:
 def load_head(directory: str | Path) -> DraftHead:
     raw = read_raw(directory)
     head = build_head(raw)
-    logger.info(
-        "loaded %s head from %s (%s)", head.kind.value, directory, raw.weights_file.name
-    )
+    logger.info("loaded %s head from %s (%s)", head.kind.value, directory, raw.weights_file.name)
     return head
 
 
@@ -139,7 +146,8 @@ def _check_keys(head: DraftHead, state_dict: dict[str, torch.Tensor], source: Pa
     if misshaped:
         problems.append("wrong shapes: " + "; ".join(misshaped))
     raise CheckpointError(
-        f"{source} does not match its config.json ({head.kind.value} head): " + " | ".join(problems),
+        f"{source} does not match its config.json ({head.kind.value} head): "
+        + " | ".join(problems),
         hint="the weights and config.json come from different heads, or the file is damaged",
     )
 

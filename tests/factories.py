@@ -44,7 +44,9 @@ def target_config(arch: str, vocab_size: int = 256, num_layers: int = 4):
     if arch == "mistral":
         return MistralConfig(**common, sliding_window=None)
     if arch == "mixtral":
-        return MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+        return MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
+        )
     if arch == "gemma":
         return GemmaConfig(**common, head_dim=16)
     raise ValueError(arch)
@@ -117,9 +119,14 @@ def tiny_tokenizer(directory: Path | None = None) -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     specials = ["<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=300,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    text = ["hello world, the quick brown fox jumps over the lazy dog. " * 3, "Écoute ça: 日本語 ok"]
+    text = [
+        "hello world, the quick brown fox jumps over the lazy dog. " * 3,
+        "Écoute ça: 日本語 ok",
+    ]
     tokenizer.train_from_iterator(text, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<|end|>", pad_token="<|end|>",

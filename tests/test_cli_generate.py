@@ -81,6 +81,8 @@ def test_mismatched_head_is_a_clear_error(saved_pair, tmp_path) -> None:
     target, _, _ = saved_pair
     other = tiny_target("llama", vocab_size=1000, num_layers=8)
     save_head(tiny_head("eagle1", other), tmp_path / "other")
-    result = cli("generate", "--target", str(target), "--head", str(tmp_path / "other"), "--prompt", "hi")
+    result = cli(
+        "generate", "--target", str(target), "--head", str(tmp_path / "other"), "--prompt", "hi"
+    )
     assert result.returncode == 2
     assert "vocabulary size: head 1000 vs target" in result.stderr

@@ -11,7 +11,6 @@ exactly (EOS / budget), 5 compact the KV cache and feed the head, 6 emit the rou
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -129,7 +128,9 @@ def generate(
 
 
 @torch.inference_mode()
-def _commit(cache, committed: int, acceptance: Acceptance, features, drafter: Drafter | None) -> None:
+def _commit(
+    cache, committed: int, acceptance: Acceptance, features, drafter: Drafter | None
+) -> None:
     keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
     kv.keep_tree_entries(cache, committed, keep)
     if drafter is not None:

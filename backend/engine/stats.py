@@ -18,7 +18,9 @@ class SpecStats:
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
 
-    def add_round(self, accepted_drafts: int, emitted: int, tree_size: int, draft_s: float, verify_s: float) -> None:
+    def add_round(
+        self, accepted_drafts: int, emitted: int, tree_size: int, draft_s: float, verify_s: float
+    ) -> None:
         self.accept_lengths.append(accepted_drafts)
         self.round_tokens += emitted
         self.tree_sizes.append(tree_size)
@@ -39,7 +41,8 @@ class SpecStats:
             return ()
         deepest = max(self.accept_lengths)
         return tuple(
-            sum(1 for a in self.accept_lengths if a >= d) / self.rounds for d in range(1, deepest + 1)
+            sum(1 for a in self.accept_lengths if a >= d) / self.rounds
+            for d in range(1, deepest + 1)
         )
 
     def summary(

@@ -63,7 +63,9 @@ class TargetRunner:
         ids = tree.token_ids.to(self.device)[None]
         return self._run(ids, bias, positions, cache, logits_to_keep=0, with_features=with_features)
 
-    def _run(self, ids, bias, positions, cache, logits_to_keep: int, with_features: bool) -> TargetStep:
+    def _run(
+        self, ids, bias, positions, cache, logits_to_keep: int, with_features: bool
+    ) -> TargetStep:
         capture = self._capture if with_features else None
         with capture if capture is not None else contextlib.nullcontext():
             out = self.model(

@@ -1,6 +1,6 @@
 """``python launch.py generate``: one prompt through EAGLE or vanilla decoding.
 
-    python launch.py generate --target PATH --head PATH --prompt "Hello" --json
+python launch.py generate --target PATH --head PATH --prompt "Hello" --json
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=_TREE.depth, help="draft steps per round")
     parser.add_argument("--top-k", type=int, default=_TREE.top_k, help="tree branching")
     parser.add_argument("--tree-shape", choices=["dynamic", "static"], default=_TREE.shape)
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+    )
     parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none")
     parser.add_argument("--device-map", help="accelerate device_map, e.g. auto")
     parser.add_argument("--trust-remote-code", action="store_true",

@@ -21,7 +21,9 @@ def prompt_ids(tokenizer, messages: Sequence[Message], raw: bool = False) -> lis
 
     ``raw`` (or a tokenizer without a chat template) concatenates the message texts instead.
     """
-    if not messages or not any(m.get("content", "").strip() for m in messages if m["role"] == "user"):
+    if not messages or not any(
+        m.get("content", "").strip() for m in messages if m["role"] == "user"
+    ):
         raise InputError("the prompt is empty", hint="type a message first")
     if raw or not getattr(tokenizer, "chat_template", None):
         text = "\n".join(m["content"] for m in messages if m["role"] != "system")

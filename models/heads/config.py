@@ -114,7 +114,12 @@ class HeadConfig:
 def _check_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "llama3":
-        needed = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        needed = (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        )
         missing = [k for k in needed if k not in scaling]
         if missing:
             raise CheckpointError(f"llama3 rope_scaling lacks {', '.join(missing)}")

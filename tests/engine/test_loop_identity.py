@@ -42,7 +42,9 @@ def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
             eagle, rounds = run(runner, drafter, prompt, mode="eagle", max_new_tokens=40, tree=tree)
             assert list(eagle.token_ids) == expected, f"{arch}/{kind}/{name}"
             assert eagle.stop_reason == "max_new_tokens"
-            assert max(r.tree_size for r in rounds) == (26 if name == "static" else tree.total_tokens)
+            assert max(r.tree_size for r in rounds) == (
+                26 if name == "static" else tree.total_tokens
+            )
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
@@ -87,3 +89,14 @@ def test_generation_stops_at_the_context_limit() -> None:
     summary, _ = run(runner, drafter, prompt, mode="eagle", max_new_tokens=100)
     assert summary.stop_reason == "context_length"
     assert len(prompt) + summary.new_tokens == 512
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gemma"])
+def test_eagle3_with_full_draft_vocab(arch: str) -> None:
+    """Draft vocab == target vocab (no d2t), and feature capture on more architectures."""
+    target = tiny_target(arch, num_layers=10)
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    assert drafter.feature_indices == (2, 5, 7)
+    for prompt in PROMPTS:
+        eagle, _ = run(runner, drafter, prompt, mode="eagle", max_new_tokens=30)
+        assert list(eagle.token_ids) == hf_greedy(target, prompt, 30)
