@@ -1,38 +1,133 @@
-"""The one facade the UI, the CLI and the HTTP API use: load a pair, stream a generation.
+"""The one facade the UI, the CLI and the HTTP API use: catalog, plan, download, load, chat, race.
 
 Everything it returns is a plain event from backend/events.py. Known failures become a
-``GenerationFailed`` event (code, message, hint); unknown ones are logged with their traceback
-and also end the stream with a ``GenerationFailed``, so a caller never sees a blank reply.
+``GenerationFailed`` / ``LoadFailed`` event (code, message, hint); unknown ones are logged with
+their traceback and also end the stream with such an event, so a caller never sees a blank
+reply or a traceback. Generations, races and loads take turns on the model through one FIFO
+queue (``status().queued``, ``queue_position(request_id)``).
+
+    backend = Backend()
+    for event in backend.load(LoadConfig(target="assets/demo/target", head="assets/demo/head-eagle3")):
+        ...  # Progress..., then Loaded(info) or LoadFailed
+    for event in backend.stream([{"role": "user", "content": "Hi"}], GenerationConfig()):
+        ...  # Started, RoundCompleted..., Finished or GenerationFailed
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+
+import torch
 
 from backend.config import GenerationConfig, LoadConfig
 from backend.engine.loop import generate
+from backend.engine.stats import SpecStats
 from backend.errors import ConfigError, EagleChatError
-from backend.events import GenerationEvent, GenerationFailed
-from backend.services.loading import LoadedPair, load_pair
+from backend.events import (
+    BackendStatus,
+    Downloaded,
+    DownloadEvent,
+    Finished,
+    GenerationEvent,
+    GenerationFailed,
+    Loaded,
+    LoadEvent,
+    LoadFailed,
+    PairPlan,
+    Progress,
+    RaceEvent,
+    RoundCompleted,
+    Started,
+)
+from backend.services import planning
+from backend.services import race as racing
+from backend.services.catalog import PairSpec, load_catalog
+from backend.services.hub_progress import format_bytes
+from backend.services.loading import LoadedPair, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
+from backend.services.sessions import GenerationQueue
 
 logger = logging.getLogger(__name__)
 
+VANILLA_PROBE_TOKENS = 24  # decode steps timed by vanilla_speed()
+
 
 class Backend:
-    """Holds at most one loaded pair; one generation runs at a time, others wait their turn."""
+    """Holds at most one loaded pair; one job (generation, race, load) runs at a time on it,
+    the others wait their turn in arrival order."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog_path: str | Path | None = None) -> None:
         self.pair: LoadedPair | None = None
-        self._generation_lock = threading.Lock()
+        self._queue = GenerationQueue()
+        self._catalog_path = catalog_path
+        self._vanilla_speed: float | None = None
 
-    def load(self, config: LoadConfig) -> LoadedPair:
-        self.pair = load_pair(config)
-        return self.pair
+    # ---- models ------------------------------------------------------------------------------
+    def catalog(self) -> list[PairSpec]:
+        return load_catalog(self._catalog_path)
 
+    def plan(
+        self, target: str, head: str | None = None, dtype: str = "auto", quantization: str = "none"
+    ) -> PairPlan:
+        """Download sizes and memory needs of a pair, without downloading or loading anything.
+
+        Raises the typed Hub/config errors (e.g. a repo neither cached nor reachable)."""
+        config = LoadConfig(target=target, head=head, dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
+        return planning.plan_pair(config)
+
+    def download(
+        self, target: str, head: str | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[DownloadEvent]:
+        """Fetch what is missing of a pair into the HF cache; local folders need nothing."""
+        try:
+            target_path = yield from planning.fetch(target, "target", cancel)
+            head_path = (yield from planning.fetch(head, "head", cancel)) if head else None
+            yield Downloaded(target_path=target_path, head_path=head_path)
+        except EagleChatError as err:
+            yield LoadFailed(err.code, err.message, err.hint)
+        except Exception as err:  # the stream must end with an event, whatever happened
+            logger.exception("download failed")
+            yield LoadFailed("internal", f"download failed: {err}", "see the log for details")
+
+    def load(self, config: LoadConfig) -> Iterator[LoadEvent]:
+        """Resolve (downloading what is missing), validate, then replace the loaded pair.
+
+        The old pair is freed only after the new one passed validation, and before the new
+        weights are read, so two models never share the memory. A failure while reading the
+        new weights leaves no model loaded (``status().loaded`` is None)."""
+        try:
+            pair = yield from self._load_events(config)
+            yield Loaded(pair.info)
+        except EagleChatError as err:
+            yield LoadFailed(err.code, err.message, err.hint)
+        except Exception as err:  # the stream must end with an event, whatever happened
+            logger.exception("loading failed")
+            yield LoadFailed("internal", f"loading failed: {err}", "see the log for details")
+
+    def load_blocking(self, config: LoadConfig) -> LoadedPair:
+        """``load`` for the CLI: progress goes to the log, known failures raise typed errors."""
+        return drain(self._load_events(config), lambda event: logger.info("%s", event.message))
+
+    def unload(self) -> None:
+        """Free the loaded pair (waits for the running job, if any)."""
+        with self._queue.turn(_new_id()):
+            self._free()
+
+    def status(self) -> BackendStatus:
+        info = self.pair.info if self.pair is not None else None
+        return BackendStatus(loaded=info, busy=self._queue.busy, queued=self._queue.queued)
+
+    def queue_position(self, request_id: str) -> int | None:
+        """0 while the request runs, n while it is n-th in line, None otherwise."""
+        return self._queue.position(request_id)
+
+    # ---- generation --------------------------------------------------------------------------
     def stream(
         self,
         messages: Sequence[Message],
@@ -40,17 +135,21 @@ class Backend:
         system_prompt: str | None = None,
         raw: bool = False,
         cancel: threading.Event | None = None,
+        request_id: str | None = None,
     ) -> Iterator[GenerationEvent]:
-        request_id = uuid.uuid4().hex[:12]
+        """One reply, streamed. Waits in the queue first; cancelled while waiting, it ends
+        with Started + Finished(stop_reason="cancelled") without touching the model."""
+        request_id = request_id or _new_id()
         try:
-            pair = self._require_pair()
-            if config.mode == "eagle" and pair.drafter is None:
-                raise ConfigError(
-                    "EAGLE mode needs a draft head, and none is loaded",
-                    hint="load a head with the target, or choose vanilla mode",
-                )
-            ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw)
-            with self._generation_lock:
+            self._require_pair()
+            with self._queue.turn(request_id, cancel) as got_turn:
+                if not got_turn:
+                    yield Started(request_id, config.mode, 0)
+                    yield Finished(request_id, SpecStats().summary([], "", 0.0, 0.0, "cancelled"))
+                    return
+                pair = self._require_pair()  # the model may have changed while waiting
+                _require_drafter(pair, config.mode)
+                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw)
                 yield from generate(
                     pair.runner, pair.drafter, ids, config, eos_ids=pair.eos_ids,
                     tokenizer=pair.tokenizer, cancel=cancel, request_id=request_id,
@@ -61,7 +160,122 @@ class Backend:
             logger.exception("generation failed")
             yield GenerationFailed(request_id, "internal", f"generation failed: {err}", "")
 
+    def race(
+        self,
+        messages: Sequence[Message],
+        config: GenerationConfig,
+        system_prompt: str | None = None,
+        cancel: threading.Event | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[RaceEvent]:
+        """Vanilla versus EAGLE decoding of the same prompt on the loaded target, both lanes
+        streamed live; ends with RaceFinished (speedup from each lane's own compute time)."""
+        request_id = request_id or _new_id()
+        try:
+            self._require_pair()
+            with self._queue.turn(request_id, cancel) as got_turn:
+                if not got_turn:
+                    yield GenerationFailed(request_id, "cancelled", "the race was cancelled")
+                    return
+                pair = self._require_pair()
+                _require_drafter(pair, "eagle")
+                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt))
+                lanes = {
+                    lane: generate(
+                        pair.runner,
+                        pair.drafter,
+                        ids,
+                        dataclasses.replace(config, mode=lane),
+                        eos_ids=pair.eos_ids,
+                        tokenizer=pair.tokenizer,
+                        cancel=cancel,
+                        request_id=f"{request_id}-{lane}",
+                    )  # fmt: skip
+                    for lane in ("vanilla", "eagle")
+                }
+                yield from racing.interleave(lanes["vanilla"], lanes["eagle"])
+        except EagleChatError as err:
+            yield GenerationFailed(request_id, err.code, err.message, err.hint)
+        except Exception as err:  # the stream must end with an event, whatever happened
+            logger.exception("race failed")
+            yield GenerationFailed(request_id, "internal", f"race failed: {err}", "")
+
+    def vanilla_speed(self) -> float | None:
+        """Plain decoding speed of the loaded target in tokens/s, measured once per loaded pair
+        (a short greedy generation, prefill excluded); None when nothing is loaded."""
+        if self.pair is None:
+            return None
+        if self._vanilla_speed is None:
+            with self._queue.turn(_new_id()):
+                pair = self.pair
+                if pair is None:
+                    return None
+                config = GenerationConfig(
+                    mode="vanilla", max_new_tokens=VANILLA_PROBE_TOKENS, stop_on_eos=False
+                )
+                ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Hello"}])
+                rounds = [
+                    event
+                    for event in generate(pair.runner, None, ids, config)
+                    if isinstance(event, RoundCompleted) and event.round_index > 0
+                ]
+                seconds = sum(r.draft_s + r.verify_s + r.bookkeeping_s for r in rounds)
+                tokens = sum(len(r.token_ids) for r in rounds)
+                self._vanilla_speed = tokens / seconds if seconds > 0 else None
+        return self._vanilla_speed
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:
+        yield Progress("resolve", 0, 3, "steps", f"locating {config.target}")
+        target_path = yield from planning.fetch(config.target, "target", None)
+        head_path = (yield from planning.fetch(config.head, "head", None)) if config.head else None
+        needed = planning.local_weight_bytes(config, target_path, head_path)
+        yield Progress("resolve", 1, 3, "steps", f"weights need about {format_bytes(needed)}")
+        planning.check_memory_fits(needed, config)
+        prepared = prepare(config, target_path, head_path, self._catalog_kind(config.head))
+        yield Progress("resolve", 2, 3, "steps", "head and target fit together")
+        with self._queue.turn(_new_id()):
+            self._free()
+            self.pair = yield from load_steps(prepared)
+        return self.pair
+
+    def _free(self) -> None:
+        """Drop the loaded pair and give its memory back before anything new is loaded."""
+        if self.pair is None:
+            return
+        logger.info("unloading %s", self.pair.info.target)
+        self.pair = None
+        self._vanilla_speed = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _catalog_kind(self, head: str | None) -> str | None:
+        """The head kind the catalog promises for ``head``, checked against the checkpoint."""
+        if head is None:
+            return None
+        try:
+            pairs = self.catalog()
+        except ConfigError as err:
+            logger.warning("catalog unreadable, head kind not cross-checked: %s", err)
+            return None
+        return next((pair.head_kind for pair in pairs if pair.head == head), None)
+
     def _require_pair(self) -> LoadedPair:
         if self.pair is None:
-            raise EagleChatError("no model is loaded", hint="load a target (and head) first")
+            raise EagleChatError(
+                "no model is loaded", hint="load a target (and head) first", code="no_model"
+            )
         return self.pair
+
+
+def _require_drafter(pair: LoadedPair, mode: str) -> None:
+    if mode == "eagle" and pair.drafter is None:
+        raise ConfigError(
+            "EAGLE mode needs a draft head, and none is loaded",
+            hint="load a head with the target, or choose vanilla mode",
+        )
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]

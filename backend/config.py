@@ -56,6 +56,7 @@ class TreeConfig:
     depth: int = 5  # draft steps per round
     top_k: int = 4  # children kept per expansion
     shape: TreeShape = "dynamic"
+    auto: bool = False  # choose the shape per round from measured costs and acceptance
 
     def __post_init__(self) -> None:
         if self.shape not in ("dynamic", "static"):
@@ -85,7 +86,7 @@ class GenerationConfig:
     mode: Mode = "eagle"
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    tree: TreeConfig = field(default_factory=TreeConfig)
+    tree: TreeConfig = field(default_factory=lambda: TreeConfig(auto=True))
     stop_on_eos: bool = True
 
     def __post_init__(self) -> None:

@@ -164,3 +164,60 @@ class RaceFinished:
 
 
 RaceEvent = Union[RaceUpdate, RaceFinished, GenerationFailed]
+
+
+RepoSource = Literal["local", "hub"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepoSize:
+    """Download and disk size of one side of a pair (target or head), before any loading."""
+
+    name: str  # the repo id or folder as given
+    source: RepoSource  # "local": a folder on disk; "hub": a repo id
+    total_bytes: int  # every file a loader needs
+    cached_bytes: int  # already on disk (a local folder: all of it)
+    gated: bool  # needs an accepted licence and a token
+    from_cache: bool  # planned without the Hub (offline, unreachable, or a local folder)
+
+
+@dataclass(frozen=True, slots=True)
+class PairPlan:
+    """What loading a pair would cost: bytes to fetch and memory to hold, shown before loading.
+
+    ``memory_bytes`` covers the weights only (target in the chosen dtype/quantization plus
+    the unquantized head); activations and the KV cache come on top, about
+    ``kv_bytes_per_token`` per token of context.
+    """
+
+    target: RepoSize
+    head: RepoSize | None
+    dtype: str  # resolved: float32 / bfloat16 / float16
+    quantization: str  # none / 8bit / 4bit
+    device: str  # where a load without device_map would go
+    parameters: int  # target parameters
+    head_parameters: int
+    parameters_source: Literal["safetensors", "config", "download_size"]  # how they were counted
+    memory_bytes: int
+    kv_bytes_per_token: int  # 0 when the target config is not on disk yet
+    bytes_to_download: int
+    offline: bool  # Hub offline mode is on
+    ready: bool  # everything is on disk: loading needs no download
+
+
+@dataclass(frozen=True, slots=True)
+class Downloaded:
+    """Both sides of a pair are on disk; loaders open these folders."""
+
+    target_path: str
+    head_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    loaded: PairInfo | None
+    busy: bool  # a generation, race or load holds the model
+    queued: int  # requests waiting for their turn
+
+
+DownloadEvent = Union[Progress, Downloaded, LoadFailed]

@@ -9,6 +9,10 @@ Position convention (eagle.md §2): the head's sequence is the target's shifted 
 position t takes (feature of target position t, token t+1) and predicts the feature of t+1.
 So after ``commit`` the head cache holds exactly as many entries as the target cache, and its
 last output (``_root_hidden``) predicts the children of the root token.
+
+Commits are lazy: the accepted (token, feature) pairs are queued and fed to the head in one
+forward when the next tree is proposed. Rounds that draft nothing (the autotuner's plain steps)
+then cost no head work at all, and the head catches up in one batched forward later.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class EagleDrafter:
         self._cache = kv.new_cache()
         self._committed = 0
         self._root_hidden: torch.Tensor | None = None  # [1, 1, H]
+        self._pending_tokens: list[torch.Tensor] = []  # queued commits: next tokens [n]
+        self._pending_features: list[torch.Tensor] = []  # and their features [n, F]
 
     # ---- 1. prefill ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -54,12 +60,14 @@ class EagleDrafter:
     ) -> None:
         self._cache = kv.new_cache()
         self._committed = 0
+        self._pending_tokens, self._pending_features = [], []
         shifted = torch.cat([prompt_ids[1:].to(self.device), self._tokens([first_token])])
-        self._extend(shifted, prompt_features)
+        self._queue(shifted, prompt_features)
 
     # ---- 2. one round's tree ------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, root_token: int, tree: TreeConfig) -> DraftTree:
+        self._flush()
         if tree.shape == "static":
             return self._propose_static(root_token, tree.depth)
         return self._propose_dynamic(root_token, tree)
@@ -179,14 +187,26 @@ class EagleDrafter:
         )
 
     # ---- 3. after verification ------------------------------------------------------------
-    @torch.inference_mode()
     def commit(self, new_tokens: list[int], accepted_features: torch.Tensor) -> None:
-        """Drop the speculative tree entries and feed the true features of the root and the
-        accepted nodes, paired with the tokens that follow them (accepted drafts + bonus)."""
-        kv.truncate(self._cache, self._committed)
-        self._extend(self._tokens(new_tokens), accepted_features)
+        """Queue the true features of the root and the accepted nodes, paired with the tokens
+        that follow them (accepted drafts + bonus); the head reads them at the next propose."""
+        self._queue(self._tokens(new_tokens), accepted_features)
 
     # ---- helpers ----------------------------------------------------------------------------
+    def _queue(self, next_tokens: torch.Tensor, features: torch.Tensor) -> None:
+        self._pending_tokens.append(next_tokens)
+        self._pending_features.append(features)
+
+    def _flush(self) -> None:
+        """Drop the last tree's speculative entries and run the head over the queued pairs."""
+        kv.truncate(self._cache, self._committed)
+        if not self._pending_tokens:
+            return
+        tokens = torch.cat(self._pending_tokens)
+        features = torch.cat([f.to(self.device) for f in self._pending_features])
+        self._pending_tokens, self._pending_features = [], []
+        self._extend(tokens, features)
+
     def _extend(self, next_tokens: torch.Tensor, features: torch.Tensor) -> None:
         count = next_tokens.numel()
         hidden_in = self.head.project(features.to(self.device, self.dtype))[None]  # [1, n, H]

@@ -18,11 +18,12 @@ import torch
 
 from backend.config import GenerationConfig
 from backend.engine import kv
+from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.detok import IncrementalDetokenizer
 from backend.engine.device import now
 from backend.engine.drafter import Drafter
 from backend.engine.sampling import make_generator, next_token
-from backend.engine.stats import SpecStats
+from backend.engine.stats import SpecStats, explain
 from backend.engine.stopping import StopCheck
 from backend.engine.target import TargetRunner
 from backend.engine.tree import DraftTree
@@ -51,8 +52,12 @@ def generate(
     tokenizer=None,
     cancel: threading.Event | None = None,
     request_id: str | None = None,
+    costs: CostModel | None = None,
 ) -> Iterator[GenerationEvent]:
-    """Stream one generation. Raises InputError before the first event on bad input."""
+    """Stream one generation. Raises InputError before the first event on bad input.
+
+    ``costs`` (measured once per loaded pair) drives the automatic tree choice; it is measured
+    here when an automatic tree is asked for and none is given."""
     check_prompt(prompt_ids, target)
     use_drafter = drafter if config.mode == "eagle" else None
     request_id = request_id or uuid.uuid4().hex[:12]
@@ -69,6 +74,8 @@ def generate(
     stats = SpecStats()
     device = target.device
     produced: list[int] = []
+    if use_drafter is not None and config.tree.auto and costs is None:
+        costs = measure_costs(target, use_drafter)  # once per call; the Backend caches it
     yield Started(request_id=request_id, mode=config.mode, prompt_tokens=len(prompt_ids))
     start = now(device)
 
@@ -83,6 +90,9 @@ def generate(
     yield _round_event(request_id, 0, tokens, 0, 1, detok, 0.0, ttft, 0.0, ttft)
     if use_drafter is not None and stop_reason is None:
         use_drafter.begin(prompt, root, step.features)
+    policy = None
+    if use_drafter is not None and config.tree.auto:
+        policy = TreePolicy(costs)
 
     round_index = 0
     while stop_reason is None:
@@ -92,8 +102,9 @@ def generate(
         round_index += 1
         t0 = now(device)
         # 1. draft a tree rooted at the last token (a lone root for plain decoding)
-        if use_drafter is not None:
-            tree = use_drafter.propose(root, config.tree)
+        tree_config = config.tree if policy is None else policy.choose()
+        if use_drafter is not None and tree_config is not None:
+            tree = use_drafter.propose(root, tree_config)
         else:
             tree = DraftTree.root_only(root)
         t1 = now(device)
@@ -114,6 +125,8 @@ def generate(
             _commit(cache, committed, acceptance, step.features, use_drafter)
             root = acceptance.bonus_token_id
         t3 = now(device)
+        if policy is not None and tree_config is not None:
+            policy.observe(tree_config, acceptance.num_accepted_drafts)
         accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
         stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
         # 6. emit the round
@@ -124,7 +137,8 @@ def generate(
 
     total = now(device) - start
     text = detok.text() if detok is not None else ""
-    yield Finished(request_id, stats.summary(produced, text, total, ttft, stop_reason))
+    hint = explain(stats, costs) if use_drafter is not None else ""
+    yield Finished(request_id, stats.summary(produced, text, total, ttft, stop_reason, hint))
 
 
 @torch.inference_mode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend.engine.autotune import CostModel
 from backend.events import GenerationSummary, StopReason
 
 
@@ -71,3 +72,34 @@ class SpecStats:
             token_ids=tuple(new_token_ids),
             hint=hint,
         )
+
+
+def explain(stats: SpecStats, costs: CostModel | None) -> str:
+    """Plain-words reasons a speculative run may be slow, for the UI and the benchmark."""
+    if not stats.rounds:
+        return ""
+    reasons = []
+    drafted = [size for size in stats.tree_sizes if size > 1]
+    plain = stats.rounds - len(drafted)
+    if stats.tau < 1.5:
+        reasons.append(
+            f"drafts were rarely accepted (average acceptance length {stats.tau:.2f}): the head "
+            "may not fit this target, or the temperature is high"
+        )
+    if plain:
+        reasons.append(
+            f"{plain} of {stats.rounds} rounds fell back to plain decoding because drafts were "
+            "failing"
+        )
+    if costs is not None and drafted:
+        typical = sorted(drafted)[len(drafted) // 2]
+        ratio = costs.verify_ratio(typical)
+        if ratio > 1.5:
+            reasons.append(
+                f"verifying {typical} tokens costs {ratio:.1f}x a single decoding step on this "
+                "device, so each round must accept several tokens to pay off"
+            )
+    total = stats.draft_s + stats.verify_s
+    if total > 0 and stats.draft_s / total > 0.3:
+        reasons.append(f"drafting took {100 * stats.draft_s / total:.0f}% of the round time")
+    return "; ".join(reasons)

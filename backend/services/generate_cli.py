@@ -36,10 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k-sampling", type=int, default=_SAMPLING.top_k,
                         help="top-k cut of the sampling distribution (0 = off)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    parser.add_argument("--total-tokens", type=int, default=_TREE.total_tokens,
-                        help="tree nodes verified per round, root included")  # fmt: skip
-    parser.add_argument("--depth", type=int, default=_TREE.depth, help="draft steps per round")
-    parser.add_argument("--top-k", type=int, default=_TREE.top_k, help="tree branching")
+    parser.add_argument("--total-tokens", type=int,
+                        help=f"tree nodes verified per round, root included (e.g. {_TREE.total_tokens}); "
+                        "default: chosen automatically from measured costs and acceptance")  # fmt: skip
+    parser.add_argument("--depth", type=int, help=f"draft steps per round (e.g. {_TREE.depth})")
+    parser.add_argument("--top-k", type=int, help=f"tree branching (e.g. {_TREE.top_k})")
     parser.add_argument("--tree-shape", choices=["dynamic", "static"], default=_TREE.shape)
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
@@ -62,15 +63,28 @@ def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfi
         mode=args.mode or ("eagle" if args.head else "vanilla"),
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
-        tree=TreeConfig(args.total_tokens, args.depth, args.top_k, args.tree_shape),
+        tree=tree_config(args),
     )
     return load, generation
+
+
+def tree_config(args: argparse.Namespace) -> TreeConfig:
+    """A fixed tree when any tree flag is given (missing ones take the defaults), else auto."""
+    given = [args.total_tokens, args.depth, args.top_k]
+    if all(value is None for value in given) and args.tree_shape == _TREE.shape:
+        return TreeConfig(auto=True)
+    return TreeConfig(
+        total_tokens=_TREE.total_tokens if args.total_tokens is None else args.total_tokens,
+        depth=_TREE.depth if args.depth is None else args.depth,
+        top_k=_TREE.top_k if args.top_k is None else args.top_k,
+        shape=args.tree_shape,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     load, generation = build_configs(args)  # config errors surface before any loading
     backend = Backend()
-    backend.load(load)
+    backend.load_blocking(load)
     messages = [{"role": "user", "content": args.prompt}]
     summary = None
     for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):

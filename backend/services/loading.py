@@ -1,29 +1,40 @@
-"""Load a target (and optionally its head) ready for the engine: path resolution, dtype and
-device choice, optional bitsandbytes quantization of the target, head validation and binding.
+"""Load a target (and optionally its head) ready for the engine: validation before any weight is
+read, dtype and device choice, optional bitsandbytes quantization of the target, OOM mapping,
+head binding and a warm-up forward. (The memory estimate shown before loading is in
+``planning.py``.)
 
 Defaults: float32 on CPU (bf16 matmuls are slow on CPUs without bf16 hardware, and exact greedy
 identity is a float32 property), bfloat16 on CUDA. Placement goes through accelerate's
 ``device_map`` when one is given, so a model larger than one GPU spreads over several.
+
+Loading is a generator of ``Progress`` events that returns the ``LoadedPair``
+(``pair = yield from load_steps(prepared)``), so callers stream progress without threads.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from backend.config import LoadConfig
+from backend.config import LoadConfig, TreeConfig
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
-from backend.services.validate import check_head_fits_target
+from backend.events import PairInfo, Progress
+from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
 from models.heads.base import DraftHead
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_LOAD_STEPS = 5
 
 
 @dataclass
@@ -38,7 +49,18 @@ class LoadedPair:
     eos_ids: tuple[int, ...]
     target_path: str
     head_path: str | None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: PairInfo
+
+
+@dataclass
+class PreparedLoad:
+    """Everything checked before the target's weights are read (cheap: configs and the head)."""
+
+    config: LoadConfig
+    target_path: str
+    head_path: str | None
+    target_config: Any
+    head: DraftHead | None
 
 
 def default_device() -> torch.device:
@@ -61,11 +83,13 @@ def resolve_location(repo_or_path: str) -> str:
     return resolve_local(repo_or_path)
 
 
-def quantization_config(kind: str, compute_dtype: torch.dtype):
+def quantization_config(kind: str, compute_dtype: torch.dtype) -> Any:
     if kind == "none":
         return None
     from transformers import BitsAndBytesConfig
 
+    # The 8-bit CPU path logs a cast warning on every matmul.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     if kind == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
@@ -73,18 +97,27 @@ def quantization_config(kind: str, compute_dtype: torch.dtype):
     )
 
 
-def load_pair(config: LoadConfig) -> LoadedPair:
+def prepare(
+    config: LoadConfig, target_path: str, head_path: str | None, expected_kind: str | None = None
+) -> PreparedLoad:
+    """Read the target's config.json and the head, and check they fit: no target weights yet."""
+    target_config = read_target_config(target_path, config.trust_remote_code)
+    head = None
+    if head_path is not None:
+        head = build_head(read_raw(head_path))
+        check_head_fits_target(
+            head.config, target_config, head_name=str(config.head), expected_kind=expected_kind
+        )
+    return PreparedLoad(config, target_path, head_path, target_config, head)
+
+
+def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
+    """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    config = prepared.config
     device = default_device()
     dtype = resolve_dtype(config.dtype, device)
-    target_path = resolve_location(config.target)
-    head_path = resolve_location(config.head) if config.head else None
-
-    # Read and check the head before spending time on the target's weights.
-    raw_head = read_raw(head_path) if head_path else None
-    head = build_head(raw_head) if raw_head is not None else None
-
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
     quant = quantization_config(config.quantization, dtype)
     if quant is not None:
@@ -93,49 +126,109 @@ def load_pair(config: LoadConfig) -> LoadedPair:
         kwargs["device_map"] = config.device_map
     elif quant is not None or device.type != "cpu":
         kwargs["device_map"] = {"": str(device)}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            target_path, trust_remote_code=config.trust_remote_code
-        )
-        model = AutoModelForCausalLM.from_pretrained(target_path, **kwargs).eval()
-    except torch.OutOfMemoryError as err:
-        raise ResourceError(
-            f"not enough memory to load {config.target} in {config.dtype}",
-            hint="try --quantize 4bit or 8bit, a smaller model, or device_map=auto",
-        ) from err
-    except (OSError, ValueError) as err:
-        if isinstance(err, EagleChatError):
-            raise
-        raise ConfigError(f"cannot load target model from {target_path}: {err}") from err
 
-    drafter = None
+    yield Progress("load", 1, _LOAD_STEPS, "steps", "tokenizer")
+    stage = "quantize" if quant is not None else "load"
+    dtype_name = str(dtype).removeprefix("torch.")
+    what = f"{config.quantization} weights" if quant is not None else f"{dtype_name} weights"
+    with _load_errors(config, prepared.target_path):
+        tokenizer = AutoTokenizer.from_pretrained(
+            prepared.target_path, trust_remote_code=config.trust_remote_code
+        )
+        yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
+        model = AutoModelForCausalLM.from_pretrained(prepared.target_path, **kwargs).eval()
+
+    yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
+    head, drafter = prepared.head, None
     if head is not None:
-        check_head_fits_target(head.config, model.config, head_name=str(config.head))
         lm_head = model.get_output_embeddings()
         # The head stays unquantized, in the target's compute dtype, beside the lm_head it uses.
         head = head.to(device=lm_head.weight.device, dtype=dtype)
         head.bind_target(model.get_input_embeddings(), lm_head)
         drafter = EagleDrafter(head, model.config.num_hidden_layers)
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
-    info = {
-        "target": config.target,
-        "head": config.head,
-        "head_kind": head.kind.value if head is not None else None,
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": str(runner.device),
-        "quantization": config.quantization,
-        "architecture": type(model).__name__,
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
+
+    yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
+    with _load_errors(config, prepared.target_path):
+        warmup(runner, drafter)
+    info = PairInfo(
+        target=config.target,
+        head=config.head,
+        head_kind=head.kind.value if head is not None else None,
+        architecture=type(model).__name__,
+        dtype=dtype_name,
+        device=str(runner.device),
+        quantization=config.quantization,
+        parameters=int(model.num_parameters()),
+        vocab_size=int(runner.vocab_size),
+        max_context=int(runner.max_positions),
+    )
+    yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     return LoadedPair(
         model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=eos_token_ids(model, tokenizer), target_path=target_path,
-        head_path=head_path, info=info,
+        eos_ids=eos_token_ids(model, tokenizer), target_path=prepared.target_path,
+        head_path=prepared.head_path, info=info,
     )  # fmt: skip
 
 
-def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPair:
+    """Blocking load from local folders or the Hub cache (no download), progress discarded."""
+    head_path = resolve_location(config.head) if config.head else None
+    return drain(
+        load_steps(prepare(config, resolve_location(config.target), head_path, expected_kind))
+    )
+
+
+def drain(
+    steps: Generator[Progress, None, T], on_progress: Callable[[Progress], None] | None = None
+) -> T:
+    """Run a progress generator to its end and return its value (blocking callers)."""
+    while True:
+        try:
+            event = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_progress is not None:
+            on_progress(event)
+
+
+@torch.inference_mode()
+def warmup(runner: TargetRunner, drafter: EagleDrafter | None) -> None:
+    """One tiny prefill (and one draft) so the first real request pays no kernel set-up and a
+    broken placement or dtype fails here, at load time, not in the middle of a chat."""
+    prompt = torch.tensor([0, 1], dtype=torch.long)
+    step = runner.prefill(prompt, runner.new_cache(), with_features=drafter is not None)
+    if drafter is not None:
+        drafter.begin(prompt, 1, step.features)
+        drafter.propose(1, TreeConfig(total_tokens=4, depth=2, top_k=2))
+
+
+@contextmanager
+def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
+    """Map library failures during loading to typed errors (OOM, missing bitsandbytes, files)."""
+    hint = "try quantization 4bit or 8bit, a smaller model, or device_map=auto"
+    what = f"{config.target} ({config.dtype}, quantization {config.quantization})"
+    try:
+        yield
+    except EagleChatError:
+        raise
+    except torch.OutOfMemoryError as err:
+        raise ResourceError(f"out of memory loading {what}", hint=hint) from err
+    except RuntimeError as err:
+        if "can't allocate memory" in str(err):  # the CPU allocator's message
+            raise ResourceError(f"out of memory loading {what}", hint=hint) from err
+        raise
+    except ImportError as err:
+        raise ConfigError(
+            f"quantization {config.quantization} is not available: {err}",
+            hint="install bitsandbytes, or load without quantization",
+        ) from err
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot load the target from {path}: {err}") from err
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     """Every id that ends a reply: the generation config's EOS list and the tokenizer's EOS."""
     ids: set[int] = set()
     generation_config = getattr(model, "generation_config", None)

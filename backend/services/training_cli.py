@@ -14,6 +14,7 @@ engine, which models/ must not. Known failures print ``error:``/``hint:`` and ex
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -112,14 +114,7 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     conversations = load_conversations(args.data)
     train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
     if args.regenerate:
-        from tqdm.auto import tqdm
-
-        with tqdm(total=len(train_convs), desc="regenerate replies", unit="conv") as bar:
-            train_convs = regenerate_replies(
-                model, tokenizer, train_convs, max_new_tokens=args.regen_max_new_tokens,
-                temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
-                progress=lambda done, total: bar.update(done - bar.n),
-            )  # fmt: skip
+        train_convs = _regenerated(model, tokenizer, train_convs, args)
     examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
     logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
     config = TrainConfig(
@@ -136,6 +131,26 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
             model, tokenizer, prompts, GenerationConfig(max_new_tokens=args.eval_max_new_tokens)
         )
     return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+
+
+def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
+    """The target's own replies, cached in ``--out`` so that ``--resume`` does not redo them."""
+    cache = Path(args.out) / REGENERATED_NAME
+    if args.resume and cache.is_file():
+        logger.info("reusing the regenerated replies in %s", cache)
+        return load_conversations(cache)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(conversations), desc="regenerate replies", unit="conv") as bar:
+        regenerated = regenerate_replies(
+            model, tokenizer, conversations, max_new_tokens=args.regen_max_new_tokens,
+            temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
+            progress=lambda done, total: bar.update(done - bar.n),
+        )  # fmt: skip
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    lines = (json.dumps({"messages": c}, ensure_ascii=False) for c in regenerated)
+    cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return regenerated
 
 
 def resolve_device(requested: str | None) -> torch.device:

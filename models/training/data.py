@@ -224,7 +224,10 @@ def tokenize_conversation(
 def _last_reply_only(tokenizer, conversation: Conversation) -> list[tuple[str, bool]]:
     """Templates that rewrite earlier turns (e.g. drop old reasoning) break the prefix property:
     train on the final reply only, in the form the target sees when writing it."""
-    last = max(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+    replies = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    if not replies:
+        return [(_render(tokenizer, conversation, generation_prompt=False), False)]
+    last = replies[-1]
     before = _render(tokenizer, conversation[:last], generation_prompt=True)
     after = _render(tokenizer, conversation[: last + 1], generation_prompt=False)
     if not after.startswith(before):

@@ -73,8 +73,8 @@ def target_batch(
         valid[row, :n] = 1
     ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
     with FeatureCapture(target, feature_layers) as capture:
-        logits = target(input_ids=ids, attention_mask=valid).logits  # [B, S, V]
-        features = capture.features()  # [B, S, F]
+        logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
+        features = capture.features().to(device)  # [B, S, F] (a dispatched target may differ)
     return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits)
 
 
@@ -110,7 +110,9 @@ def eagle1_loss(
     """smooth-L1(h_p, f_{p+1}) + 0.1 * CE(softmax(target logits_{p+1}), lm_head(h_p)).
 
     The input features get uniform noise in [-noise/2, noise/2] (the reference's 0.2 -> +-0.1),
-    so the head tolerates its own imperfect features when it drafts several steps ahead."""
+    so the head tolerates its own imperfect features when it drafts several steps ahead. The
+    target distribution is taken from the target's own logits (equal to lm_head(f_{p+1}) for
+    plain models, and still right for targets that post-process logits, e.g. soft-capping)."""
     features = batch.features.float()  # [B, S, H] final normed hidden
     hidden_in = features[:, :-1]
     if noise > 0:

@@ -18,7 +18,10 @@ def make_runner(target, head=None) -> tuple[TargetRunner, EagleDrafter | None]:
 
 def run(runner, drafter, prompt, **config) -> tuple[GenerationSummary, list[RoundCompleted]]:
     eos_ids = config.pop("eos_ids", ())
-    events = list(generate(runner, drafter, prompt, GenerationConfig(**config), eos_ids=eos_ids))
+    costs = config.pop("costs", None)
+    events = list(
+        generate(runner, drafter, prompt, GenerationConfig(**config), eos_ids=eos_ids, costs=costs)
+    )
     assert isinstance(events[-1], Finished), events[-1]
     rounds = [e for e in events if isinstance(e, RoundCompleted)]
     return events[-1].summary, rounds

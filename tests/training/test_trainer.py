@@ -147,7 +147,7 @@ def test_trained_head_speeds_up_the_engine(easy_target, tmp_path, kind, extra):
     assert result.tau is not None and result.tau > 1.5, result.tau
 
 
-def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys):
+def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
     tokenizer = tiny_tokenizer(tmp_path / "target")
     tiny_target(vocab_size=len(tokenizer), num_layers=8).save_pretrained(tmp_path / "target")
     rows = [{"conversations": [{"from": "human", "value": f"hello {i}"},
@@ -160,11 +160,16 @@ def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys):
         "--kind", "eagle3", "--out", str(tmp_path / "head"), "--steps", "3",
         "--batch-size", "2", "--regenerate", "--regen-max-new-tokens", "6",
         "--draft-vocab-size", "64", "--ttt-steps", "2", "--eval-prompts", "1",
-        "--eval-max-new-tokens", "6", "--device", "cpu", "--checkpoint-every", "0",
+        "--eval-max-new-tokens", "6", "--device", "cpu", "--checkpoint-every", "3",
     ])  # fmt: skip
     assert training_cli.run(args) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("trained eagle3 head: 3 steps") and "1 held-out prompts" in line
     assert load_head(tmp_path / "head").config.draft_vocab_size == 64
+    # --resume continues from checkpoint-3 and reuses the regenerated replies
+    monkeypatch.setattr(training_cli, "regenerate_replies", pytest.fail)
+    args.resume, args.steps = True, 4
+    assert training_cli.run(args) == 0
+    assert capsys.readouterr().out.startswith("trained eagle3 head: 4 steps")
     args.target = str(tmp_path / "missing")
     assert training_cli.run(args) == training_cli.EXIT_ERROR

@@ -1,0 +1,180 @@
+"""``python launch.py app``: the EagleChat web app (chat, EAGLE-vs-vanilla race, model manager).
+
+    python launch.py app                       # the bundled demo pair on http://127.0.0.1:7860
+    python launch.py app --target Qwen/Qwen3-1.7B --head AngelSlim/Qwen3-1.7B_eagle3 --quantize 4bit
+    python launch.py app --host 0.0.0.0 --auth me:secret   # reachable from the network
+
+Only loopback is served without a password: any other host, or ``--share``, needs ``--auth``.
+The backend is created here and passed into :func:`build_app`; nothing in ``app/`` holds a
+model in a module global. Theme, CSS (assets/app.css) and JS (assets/app.js) go to
+``launch()``, as Gradio 6 wants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.chat_tab import build_chat_tab, wire_chat_tab
+from app.models_tab import build_models_tab, wire_models_tab
+from app.race_tab import build_race_tab, wire_race_tab
+from app.render import error_markdown, pair_info_markdown
+from app.session import Session
+from backend.api import Backend
+from backend.config import LoadConfig
+from backend.errors import ConfigError, EagleChatError
+from backend.events import Loaded, LoadFailed, Progress
+
+logger = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+DEMO_PAIR = "demo"
+DEFAULT_PORT = 7860
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEMO_MISSING = (
+    "**The bundled demo pair is not built yet** (`assets/demo/target`, "
+    "`assets/demo/head-eagle3`). Build it offline with `python launch.py make-demo-target` "
+    "(the target), then `python launch.py train-head --target assets/demo/target --kind eagle3 "
+    "--data <chat data> --out assets/demo/head-eagle3` (its EAGLE-3 head); or pick another "
+    "pair below, download it and press **Load**."
+)
+
+
+def build_app(
+    backend: Backend,
+    *,
+    initial: LoadConfig | None = None,
+    selected: str | None = None,
+    notice: str = "",
+) -> gr.Blocks:
+    """All tabs over one backend. ``initial``/``selected`` pre-fill the model manager with the
+    pair loaded at start; ``notice`` is shown at the top of the manager (e.g. demo missing)."""
+    try:
+        pair_names = [pair.name for pair in backend.catalog()]
+    except EagleChatError as err:
+        logger.warning("catalog unreadable: %s", err)
+        pair_names, notice = [], f"{notice}\n\n{error_markdown(LoadFailed(err.code, err.message, err.hint))}"  # fmt: skip
+    with gr.Blocks(title="EagleChat") as demo:
+        session = gr.State(Session())
+        with gr.Row(elem_id="app-header"):
+            gr.Markdown("## EagleChat — lossless EAGLE speculative decoding")
+        header = gr.Markdown(
+            pair_info_markdown(backend.status().loaded), label="Loaded pair", elem_id="loaded-pair"
+        )
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                chat = build_chat_tab()
+            with gr.Tab("EAGLE vs vanilla", id="race"):
+                race = build_race_tab()
+            with gr.Tab("Models", id="models"):
+                models = build_models_tab(pair_names, initial, selected, notice)
+        wire_chat_tab(chat, backend, session, models.tree)
+        wire_race_tab(race, backend, session, models.tree)
+        controller = wire_models_tab(models, backend, session, header)
+        demo.load(controller.refresh, outputs=[models.status, header], api_name="status",
+                  concurrency_limit=None)  # fmt: skip
+    return demo
+
+
+def launch_options() -> dict[str, Any]:
+    """Theme, CSS and JS for ``launch()`` (Gradio 6 takes them there, not in Blocks)."""
+    return {
+        "theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="slate"),
+        "css": (ASSETS / "app.css").read_text(encoding="utf-8"),
+        "js": (ASSETS / "app.js").read_text(encoding="utf-8"),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to serve on; anything but loopback needs --auth")  # fmt: skip
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--share", action="store_true",
+                        help="public gradio.live link (off by default; needs --auth)")  # fmt: skip
+    parser.add_argument("--auth", metavar="USER:PASS", help="require this login")
+    parser.add_argument("--target", help="target to load at start (default: the demo pair)")
+    parser.add_argument("--head", help="EAGLE head to load with --target")
+    parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none",
+                        help="bitsandbytes quantization of the target")  # fmt: skip
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                        default=None, help="default: the catalog's, else auto")  # fmt: skip
+    parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ConfigError("--auth must look like USER:PASS", hint="e.g. --auth alice:s3cret")
+    return user, password
+
+
+def check_exposure(host: str, share: bool, auth: tuple[str, str] | None) -> None:
+    """Refuse to serve beyond this machine without a login."""
+    if auth is None and (share or host not in LOOPBACK_HOSTS):
+        where = "a public share link" if share else f"host {host}"
+        raise ConfigError(
+            f"refusing to serve on {where} without a password",
+            hint="add --auth USER:PASS, or keep the default --host 127.0.0.1",
+        )
+
+
+def startup_pair(
+    backend: Backend, args: argparse.Namespace
+) -> tuple[LoadConfig | None, str | None, str]:
+    """The pair to load at start: --target/--head, else the demo pair when its files exist.
+
+    Returns (config, catalog name, notice); the notice explains a missing demo."""
+    if args.target:
+        config = LoadConfig(target=args.target, head=args.head, dtype=args.dtype or "auto",
+                            quantization=args.quantize)  # fmt: skip
+        return config, None, ""
+    demo = next((pair for pair in backend.catalog() if pair.name == DEMO_PAIR), None)
+    if demo is None:
+        return None, None, ""
+    config = LoadConfig(target=demo.target, head=demo.head, dtype=args.dtype or demo.dtype,
+                        quantization=args.quantize)  # fmt: skip
+    if not (Path(demo.target).is_dir() and Path(demo.head).is_dir()):
+        logger.warning("demo pair not built (%s, %s)", demo.target, demo.head)
+        return config, DEMO_PAIR, DEMO_MISSING
+    return config, DEMO_PAIR, ""
+
+
+def load_at_start(backend: Backend, config: LoadConfig) -> str:
+    """Load before serving; a failure becomes the manager's notice instead of a crash, so
+    the user can fix it in the UI."""
+    for event in backend.load(config):
+        if isinstance(event, Progress):
+            logger.info("%s: %s", event.stage, event.message)
+        elif isinstance(event, Loaded):
+            logger.info("loaded %s", event.info.target)
+        elif isinstance(event, LoadFailed):
+            logger.error("could not load %s: %s", config.target, event.message)
+            return f"Could not load `{config.target}` at start.\n\n{error_markdown(event)}"
+    return ""
+
+
+def run(args: argparse.Namespace) -> int:
+    auth = parse_auth(args.auth)
+    check_exposure(args.host, args.share, auth)  # before any slow loading
+    backend = Backend()
+    config, selected, notice = startup_pair(backend, args)
+    if config is not None and not notice:
+        notice = load_at_start(backend, config)
+    demo = build_app(backend, initial=config, selected=selected, notice=notice)
+    demo.queue(default_concurrency_limit=1)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        auth=auth,
+        inbrowser=not args.no_browser,
+        footer_links=["api"],
+        **launch_options(),
+    )
+    return 0

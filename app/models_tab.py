@@ -1,0 +1,314 @@
+"""Model manager tab: pick a catalog pair or type target/head ids or folders, see sizes and the
+memory estimate, download with progress, choose dtype/quantization and the draft tree, load and
+unload without restarting.
+
+Built in two steps (tgw's habit): :func:`build_models_tab` renders the components,
+:func:`wire_models_tab` connects them to a :class:`ModelsController`, whose methods are plain
+functions of UI values that tests call without a browser.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from app.render import (
+    error_markdown,
+    error_text,
+    pair_info_markdown,
+    pair_markdown,
+    plan_markdown,
+    progress_fraction,
+    progress_text,
+)
+from app.session import Session
+from backend.api import Backend
+from backend.config import LoadConfig, TreeConfig
+from backend.errors import EagleChatError
+from backend.events import Downloaded, Loaded, LoadFailed, Progress
+
+logger = logging.getLogger(__name__)
+
+CUSTOM = "custom (enter ids or folders)"
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+QUANTIZATIONS = [("none", "none"), ("8-bit", "8bit"), ("4-bit", "4bit")]
+MAX_PROGRESS_LINES = 6
+_TREE = TreeConfig()  # slider defaults come from backend/config.py, defined once there
+
+ProgressFn = Callable[..., Any]
+# Gradio spots a progress parameter by its default and swaps in a fresh tracker per call.
+PROGRESS = gr.Progress()
+
+
+@dataclass
+class TreeControls:
+    """Draft-tree settings; the chat and race tabs read them as event inputs."""
+
+    auto: gr.Checkbox
+    total_tokens: gr.Slider
+    depth: gr.Slider
+    top_k: gr.Slider
+
+    @property
+    def components(self) -> list[Any]:
+        return [self.auto, self.total_tokens, self.depth, self.top_k]
+
+
+def tree_config(auto: bool, total_tokens: float, depth: float, top_k: float) -> TreeConfig:
+    """The TreeConfig for the UI values; "auto" lets the backend pick the shape per round."""
+    if auto:
+        return TreeConfig(auto=True)
+    return TreeConfig(total_tokens=int(total_tokens), depth=int(depth), top_k=int(top_k))
+
+
+@dataclass
+class ModelsTab:
+    notice: gr.Markdown
+    pair: gr.Dropdown
+    details: gr.Markdown
+    target: gr.Textbox
+    head: gr.Textbox
+    dtype: gr.Dropdown
+    quantization: gr.Radio
+    tree: TreeControls
+    plan_button: gr.Button
+    plan: gr.Markdown
+    download_button: gr.Button
+    stop_download_button: gr.Button
+    load_button: gr.Button
+    unload_button: gr.Button
+    status: gr.Markdown
+
+
+def build_models_tab(
+    pair_names: list[str], initial: LoadConfig | None, selected: str | None, notice: str
+) -> ModelsTab:
+    """Render the manager; ``initial`` pre-fills the fields with the pair loaded at start."""
+    notice_md = gr.Markdown(notice, visible=bool(notice), elem_id="models-notice")
+    with gr.Row():
+        with gr.Column(scale=3):
+            pair = gr.Dropdown(
+                choices=[*pair_names, CUSTOM],
+                value=selected or CUSTOM,
+                label="Catalog pair",
+                elem_id="models-pair",
+            )
+            details = gr.Markdown(elem_id="models-details")
+            target = gr.Textbox(
+                label="Target model (Hub id org/name or local folder)",
+                value=initial.target if initial else "",
+                elem_id="models-target",
+            )
+            head = gr.Textbox(
+                label="EAGLE head (Hub id or folder; empty = vanilla only)",
+                value=(initial.head or "") if initial else "",
+                elem_id="models-head",
+            )
+            with gr.Row():
+                dtype = gr.Dropdown(
+                    DTYPES, value=initial.dtype if initial else "auto", label="dtype"
+                )
+                quantization = gr.Radio(
+                    QUANTIZATIONS,
+                    value=initial.quantization if initial else "none",
+                    label="Quantization of the target (bitsandbytes)",
+                )
+        with gr.Column(scale=2):
+            gr.Markdown("#### Draft tree")
+            auto = gr.Checkbox(
+                value=True,
+                label="auto: pick the tree per round from measured speed and acceptance",
+            )
+            total_tokens = gr.Slider(2, 128, value=_TREE.total_tokens, step=1,
+                                     label="total tokens verified per round (root included)")  # fmt: skip
+            depth = gr.Slider(1, 12, value=_TREE.depth, step=1, label="depth (draft steps)")
+            top_k = gr.Slider(1, 16, value=_TREE.top_k, step=1, label="top-k per expansion")
+    with gr.Row():
+        plan_button = gr.Button("Check size & memory", elem_id="models-plan-btn")
+        download_button = gr.Button("Download", elem_id="models-download-btn")
+        stop_download_button = gr.Button("Stop download", variant="stop")
+        load_button = gr.Button("Load", variant="primary", elem_id="models-load-btn")
+        unload_button = gr.Button("Unload", elem_id="models-unload-btn")
+    plan = gr.Markdown(label="Plan", elem_id="models-plan")
+    status = gr.Markdown(label="Status", elem_id="models-status")
+    return ModelsTab(
+        notice=notice_md, pair=pair, details=details, target=target, head=head, dtype=dtype,
+        quantization=quantization, tree=TreeControls(auto, total_tokens, depth, top_k),
+        plan_button=plan_button, plan=plan, download_button=download_button,
+        stop_download_button=stop_download_button, load_button=load_button,
+        unload_button=unload_button, status=status,
+    )  # fmt: skip
+
+
+class ModelsController:
+    """Handlers of the manager: UI values in, Markdown out; errors become clear messages."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def _catalog(self) -> dict[str, Any]:
+        try:
+            return {pair.name: pair for pair in self.backend.catalog()}
+        except EagleChatError as err:
+            logger.warning("catalog unreadable: %s", err)
+            return {}
+
+    def select_pair(self, name: str) -> tuple[Any, ...]:
+        """Fill target, head, dtype and the recommended tree from a catalog entry."""
+        pair = self._catalog().get(name)
+        if pair is None:
+            hint = "Enter a target and a head: Hub repo ids (`org/name`) or local folders."
+            return (gr.skip(),) * 6 + (hint,)
+        tree = pair.tree
+        return (pair.target, pair.head, pair.dtype, tree.total_tokens, tree.depth, tree.top_k,
+                pair_markdown(pair))  # fmt: skip
+
+    def check_plan(self, target: str, head: str, dtype: str, quantization: str) -> str:
+        target, head_or_none = _clean(target), _clean(head) or None
+        if not target:
+            return error_markdown(LoadFailed("config", "enter a target model first"))
+        try:
+            return plan_markdown(self.backend.plan(target, head_or_none, dtype, quantization))
+        except EagleChatError as err:
+            return error_markdown(LoadFailed(err.code, err.message, err.hint))
+
+    def download(
+        self, target: str, head: str, session: Session, progress: ProgressFn = PROGRESS
+    ) -> Iterator[str]:
+        target, head_or_none = _clean(target), _clean(head) or None
+        if not target:
+            raise gr.Error("Enter a target model first.")
+        cancel = session.start("download")
+        lines: list[str] = []
+        for event in self.backend.download(target, head_or_none, cancel=cancel):
+            if isinstance(event, Progress):
+                _report(progress, event, lines)
+                yield _progress_markdown("Downloading…", lines)
+            elif isinstance(event, Downloaded):
+                where = f"`{event.target_path}`" + (
+                    f" and `{event.head_path}`" if event.head_path else ""
+                )
+                yield f"✅ Downloaded: {where}. Press **Load** to use it."
+            elif isinstance(event, LoadFailed):
+                gr.Warning(error_text(event))
+                yield error_markdown(event)
+
+    def stop_download(self, session: Session) -> None:
+        session.stop("download")
+
+    def load(
+        self,
+        target: str,
+        head: str,
+        dtype: str,
+        quantization: str,
+        progress: ProgressFn = PROGRESS,
+    ) -> Iterator[tuple[str, str]]:
+        """Load (downloading what is missing); yields (status, header) Markdown pairs."""
+        try:
+            config = LoadConfig(target=_clean(target), head=_clean(head) or None,
+                                dtype=dtype, quantization=quantization)  # type: ignore[arg-type]  # fmt: skip
+        except EagleChatError as err:
+            raise gr.Error(error_text(LoadFailed(err.code, err.message, err.hint))) from err
+        started = time.perf_counter()
+        lines: list[str] = []
+        for event in self.backend.load(config):
+            if isinstance(event, Progress):
+                _report(progress, event, lines)
+                yield _progress_markdown(f"Loading `{config.target}`…", lines), gr.skip()
+            elif isinstance(event, Loaded):
+                seconds = time.perf_counter() - started
+                yield (f"✅ Loaded in {seconds:.1f} s.\n\n{pair_info_markdown(event.info)}",
+                       self.header())  # fmt: skip
+            elif isinstance(event, LoadFailed):
+                gr.Warning(error_text(event))
+                yield error_markdown(event), self.header()
+
+    def unload(self) -> tuple[str, str]:
+        self.backend.unload()
+        return "Unloaded: no model in memory.", self.header()
+
+    def header(self) -> str:
+        status = self.backend.status()
+        text = pair_info_markdown(status.loaded)
+        if status.busy:
+            text += f" · busy, {status.queued} waiting" if status.queued else " · busy"
+        return text
+
+    def refresh(self) -> tuple[str, str]:
+        """Status and header on page load (the model may have changed in another tab)."""
+        loaded = self.backend.status().loaded
+        return (pair_info_markdown(loaded) if loaded else "", self.header())
+
+
+def _clean(value: str | None) -> str:
+    return (value or "").strip()
+
+
+def _report(progress: ProgressFn, event: Progress, lines: list[str]) -> None:
+    """Drive Gradio's progress bar and keep the last few progress lines for the status."""
+    fraction = progress_fraction(event)
+    progress(fraction, desc=progress_text(event))
+    line = progress_text(event)
+    if lines and lines[-1].split(":")[0] == line.split(":")[0] and event.unit == "bytes":
+        lines[-1] = line  # byte counts update in place; steps and files add lines
+    else:
+        lines.append(line)
+    del lines[:-MAX_PROGRESS_LINES]
+
+
+def _progress_markdown(title: str, lines: list[str]) -> str:
+    return f"**{title}**\n\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def wire_models_tab(
+    tab: ModelsTab, backend: Backend, session: gr.State, header: gr.Markdown
+) -> ModelsController:
+    """Connect the manager's buttons; loading shares the model's concurrency group."""
+    controller = ModelsController(backend)
+    tab.pair.change(
+        controller.select_pair,
+        inputs=[tab.pair],
+        outputs=[
+            tab.target,
+            tab.head,
+            tab.dtype,
+            tab.tree.total_tokens,
+            tab.tree.depth,
+            tab.tree.top_k,
+            tab.details,
+        ],  # fmt: skip
+        api_name="select_pair",
+        concurrency_limit=None,
+        queue=False,
+    )
+    location = [tab.target, tab.head, tab.dtype, tab.quantization]
+    tab.plan_button.click(
+        controller.check_plan, inputs=location, outputs=[tab.plan], api_name="plan",
+        concurrency_id="hub", concurrency_limit=2,
+    )  # fmt: skip
+    download = tab.download_button.click(
+        controller.download, inputs=[tab.target, tab.head, session], outputs=[tab.status],
+        api_name="download", concurrency_id="hub", concurrency_limit=2,
+    )  # fmt: skip
+    tab.stop_download_button.click(
+        controller.stop_download, inputs=[session], outputs=None, api_name="stop_download",
+        concurrency_limit=None, queue=False,
+    )  # fmt: skip
+    tab.load_button.click(
+        controller.load, inputs=location, outputs=[tab.status, header], api_name="load",
+        concurrency_id="model", concurrency_limit=1,
+    )  # fmt: skip
+    download.then(
+        controller.check_plan, inputs=location, outputs=[tab.plan], api_visibility="private"
+    )
+    tab.unload_button.click(
+        controller.unload, outputs=[tab.status, header], api_name="unload",
+        concurrency_id="model", concurrency_limit=1,
+    )  # fmt: skip
+    return controller

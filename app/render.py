@@ -1,0 +1,383 @@
+"""Pure functions from backend events to component values (no Gradio, no model).
+
+Everything the UI shows about a generation is computed here, so it can be unit-tested on
+hand-made events: the coloured spans of the live panel, the stats table, the plot frames, the
+race verdict and the error lines. Definitions (accepted drafts, acceptance length, tau) are the
+ones in ``backend/events.py``; this module only displays them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from backend.events import (
+    Finished,
+    GenerationFailed,
+    GenerationSummary,
+    LoadFailed,
+    PairInfo,
+    PairPlan,
+    Progress,
+    RaceFinished,
+    RoundCompleted,
+    Started,
+    TextSpan,
+)
+
+DRAFT_LABEL = "accepted draft"
+TARGET_LABEL = "target"
+# Green for tokens the head guessed right, a quiet blue-grey for the target's own tokens.
+SPAN_COLORS = {DRAFT_LABEL: "#34d399", TARGET_LABEL: "#cbd5e1"}
+LANE_COLORS = {"vanilla": "#94a3b8", "EAGLE": "#10b981"}
+
+STOP_REASONS = {
+    "eos": "end of reply",
+    "max_new_tokens": "max new tokens reached",
+    "context_length": "context full",
+    "stop_string": "stop string",
+    "cancelled": "stopped",
+}
+
+Highlight = tuple[str, str]
+
+
+def highlight_spans(spans: Iterable[TextSpan]) -> list[Highlight]:
+    """(text, label) pairs for gr.HighlightedText, adjacent pieces of one source merged."""
+    merged: list[Highlight] = []
+    for span in spans:
+        if not span.text:
+            continue
+        label = DRAFT_LABEL if span.source == "draft" else TARGET_LABEL
+        if merged and merged[-1][1] == label:
+            merged[-1] = (merged[-1][0] + span.text, label)
+        else:
+            merged.append((span.text, label))
+    return merged
+
+
+@dataclass
+class LiveStats:
+    """Running view of one generation stream, folded event by event (see :meth:`update`)."""
+
+    spans: list[TextSpan] = field(default_factory=list)
+    new_tokens: int = 0
+    verify_tokens: int = 0  # tokens produced by verification rounds (the prefill token excluded)
+    accept_lengths: list[int] = field(default_factory=list)  # per round: accepted drafts + 1
+    accepted_drafts: int = 0
+    ttft_s: float | None = None
+    elapsed_s: float = 0.0
+    progress: list[tuple[float, int]] = field(default_factory=list)  # (elapsed_s, new_tokens)
+    summary: GenerationSummary | None = None
+    error: GenerationFailed | None = None
+
+    def update(self, event: Any) -> None:
+        if isinstance(event, Started):
+            return
+        if isinstance(event, RoundCompleted):
+            self.spans.extend(event.spans)
+            self.new_tokens += len(event.token_ids)
+            self.elapsed_s = event.elapsed_s
+            if event.round_index == 0:
+                self.ttft_s = event.elapsed_s
+            else:
+                self.verify_tokens += len(event.token_ids)
+                self.accepted_drafts += event.num_accepted_drafts
+                self.accept_lengths.append(event.num_accepted_drafts + 1)
+            self.progress.append((event.elapsed_s, self.new_tokens))
+        elif isinstance(event, Finished):
+            self.summary = event.summary
+            self.elapsed_s = event.summary.total_s
+        elif isinstance(event, GenerationFailed):
+            self.error = event
+
+    @property
+    def text(self) -> str:
+        if self.summary is not None and self.summary.text:
+            return self.summary.text
+        return "".join(span.text for span in self.spans)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def tokens_per_s(self) -> float:
+        if self.summary is not None:
+            return self.summary.tokens_per_s
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens/s after the first token: what a vanilla baseline (prefill excluded) measures."""
+        if self.ttft_s is None or self.elapsed_s <= self.ttft_s or not self.verify_tokens:
+            return None
+        return self.verify_tokens / (self.elapsed_s - self.ttft_s)
+
+    @property
+    def tau(self) -> float | None:
+        """Average acceptance length: verification tokens per round (events.py's tau)."""
+        if self.summary is not None and self.summary.rounds:
+            return self.summary.tau
+        return self.verify_tokens / self.rounds if self.rounds else None
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        """All new tokens over all target forwards, the prefill's included: what a user pays."""
+        return self.new_tokens / (self.rounds + 1) if self.new_tokens else None
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None or self.error is not None
+
+
+def fold(events: Iterable[Any]) -> LiveStats:
+    """A LiveStats fed every event of a finished stream (handy in tests and one-shot callers)."""
+    stats = LiveStats()
+    for event in events:
+        stats.update(event)
+    return stats
+
+
+def _num(value: float | None, digits: int = 2, unit: str = "") -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:.{digits}f}{unit}"
+
+
+def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: str = "eagle") -> str:
+    """The live numbers as a two-column Markdown table, plus the speedup over a measured
+    vanilla baseline when one is known."""
+    last = stats.accept_lengths[-1] if stats.accept_lengths else None
+    ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
+    rows = [
+        ("tokens/s", _num(stats.tokens_per_s, 1)),
+        ("time to first token", _num(ttft, 0, " ms")),
+        ("avg acceptance length (τ)", _num(stats.tau)),
+        ("last acceptance length", str(last) if last is not None else "–"),
+        ("tokens per target forward", _num(stats.tokens_per_forward)),
+        ("new tokens / rounds", f"{stats.new_tokens} / {stats.rounds}"),
+    ]
+    if baseline_tps:
+        decode = stats.decode_tokens_per_s
+        speedup = decode / baseline_tps if decode else None
+        rows.append(("vanilla baseline (measured)", f"{baseline_tps:.1f} tokens/s"))
+        if mode == "eagle":
+            rows.append(("decode speedup over baseline", _num(speedup, 2, "×")))
+    lines = ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    status = _status_line(stats)
+    return "\n".join(lines) + (f"\n\n{status}" if status else "")
+
+
+def _status_line(stats: LiveStats) -> str:
+    if stats.error is not None:
+        return error_markdown(stats.error)
+    if stats.summary is not None:
+        reason = STOP_REASONS.get(stats.summary.stop_reason, stats.summary.stop_reason)
+        line = f"Finished ({reason}) in {stats.summary.total_s:.2f} s."
+        if stats.summary.hint:
+            line += f" {stats.summary.hint}"
+        return line
+    return "Generating…" if stats.new_tokens else ""
+
+
+def acceptance_frame(stats: LiveStats) -> pd.DataFrame:
+    """Acceptance length per verification round, for a gr.LinePlot/BarPlot."""
+    return pd.DataFrame(
+        {
+            "round": list(range(1, stats.rounds + 1)),
+            "acceptance length": stats.accept_lengths,
+        }
+    )
+
+
+def race_frame(vanilla: LiveStats, eagle: LiveStats) -> pd.DataFrame:
+    """Tokens generated over time for both lanes, for one gr.LinePlot coloured by lane."""
+    rows = [("vanilla", t, n) for t, n in vanilla.progress] + [
+        ("EAGLE", t, n) for t, n in eagle.progress
+    ]
+    return pd.DataFrame(rows, columns=["lane", "seconds", "tokens"])
+
+
+def lane_markdown(stats: LiveStats, lane: str) -> str:
+    """One race lane's headline: live tokens/s, tokens so far and its finish state."""
+    head = f"**{lane}: {stats.tokens_per_s:.1f} tokens/s** · {stats.new_tokens} tokens"
+    if lane == "EAGLE" and stats.tau is not None:
+        head += f" · τ {stats.tau:.2f}"
+    status = _status_line(stats)
+    return head + (f"\n\n{status}" if status else "")
+
+
+def first_difference(a: str, b: str) -> int | None:
+    """Index of the first character where two texts differ; None when equal."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _excerpt(text: str, at: int, before: int = 30, after: int = 20) -> str:
+    start = max(0, at - before)
+    piece = text[start:at] + "⟦" + text[at : at + after] + "⟧"
+    return ("…" if start else "") + piece.replace("\n", "⏎").replace("`", "'")
+
+
+def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str:
+    """Final speedup and the identity verdict; where texts differ, where and how."""
+    stopped = "cancelled" in (result.vanilla.stop_reason, result.eagle.stop_reason)
+    lines = [
+        f"### EAGLE speedup: {result.speedup:.2f}×" + (" (stopped early)" if stopped else ""),
+        f"EAGLE {result.eagle.tokens_per_s:.1f} tokens/s vs vanilla "
+        f"{result.vanilla.tokens_per_s:.1f} tokens/s, same target model.",
+    ]
+    if result.identical:
+        lines.append(
+            f"**Identical output** ✅ — both produced the same {result.eagle.new_tokens} tokens."
+        )
+    else:
+        where = (
+            f"first differ at token #{result.first_divergence}"
+            if result.first_divergence is not None
+            else "differ"
+        )
+        lines.append(f"**Outputs differ** ❌ — they {where}.")
+        at = first_difference(result.vanilla.text, result.eagle.text)
+        if at is not None:
+            lines.append(
+                f"- vanilla: `{_excerpt(result.vanilla.text, at)}`\n"
+                f"- EAGLE: `{_excerpt(result.eagle.text, at)}`"
+            )
+        if temperature > 0:
+            lines.append(
+                f"At temperature {temperature:g} both lanes sample independently, so the texts "
+                "may differ while following the same distribution; identity is checked at "
+                "temperature 0."
+            )
+    return "\n\n".join(lines)
+
+
+def error_markdown(error: GenerationFailed | LoadFailed) -> str:
+    """One clear line (and a hint) for a failed generation, download or load."""
+    text = f"⚠️ **{error.message}**"
+    if error.hint:
+        text += f" — {error.hint}"
+    return text
+
+
+def error_text(error: GenerationFailed | LoadFailed) -> str:
+    """Plain text of an error, for toasts."""
+    return f"{error.message} ({error.hint})" if error.hint else error.message
+
+
+def format_bytes(num: float | None) -> str:
+    if num is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(num) < 1000 or unit == "GB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1000
+    return f"{num:.1f} TB"  # unreachable; keeps type checkers calm
+
+
+def progress_fraction(progress: Progress) -> float | None:
+    if not progress.total:
+        return None
+    return max(0.0, min(1.0, progress.done / progress.total))
+
+
+def progress_text(progress: Progress) -> str:
+    """'download: 12.3 MB / 45.6 MB (27%) — message' style line."""
+    if progress.unit == "bytes":
+        amount = f"{format_bytes(progress.done)} / {format_bytes(progress.total)}"
+    else:
+        total = f"{progress.total:g}" if progress.total is not None else "?"
+        amount = f"{progress.done:g} / {total} {progress.unit}"
+    fraction = progress_fraction(progress)
+    text = f"{progress.stage}: {amount}"
+    if fraction is not None:
+        text += f" ({fraction:.0%})"
+    if progress.message:
+        text += f" — {progress.message}"
+    return text
+
+
+def pair_info_markdown(info: PairInfo | None) -> str:
+    """What is loaded, in one line a user can read at a glance."""
+    if info is None:
+        return "**No model loaded.** Pick a pair in the *Models* tab and press *Load*."
+    head = f"{info.head} ({info.head_kind})" if info.head else "no head (vanilla only)"
+    quant = "" if info.quantization == "none" else f", {info.quantization}"
+    return (
+        f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "
+        f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}"
+    )
+
+
+def pair_markdown(pair: Any) -> str:
+    """A catalog entry: kind, sizes, gating and the recommended tree."""
+    tree = pair.tree
+    lines = [
+        f"**{pair.name}** — {pair.head_kind} head; "
+        f"download ≈ {pair.target_gb + pair.head_gb:.2f} GB "
+        f"(target {pair.target_gb:g} GB, head {pair.head_gb:g} GB)",
+        f"Recommended tree: {tree.total_tokens} tokens, depth {tree.depth}, top-k {tree.top_k}; "
+        f"dtype {pair.dtype}.",
+    ]
+    if pair.gated:
+        lines.append(
+            "🔒 Gated target: accept its licence on the Hub and log in with a token first."
+        )
+    if pair.note:
+        lines.append(pair.note)
+    return "\n\n".join(lines)
+
+
+def plan_markdown(plan: PairPlan) -> str:
+    """Sizes, what is on disk already and the weights' memory estimate of a planned pair."""
+    sides = [("target", plan.target)] + ([("head", plan.head)] if plan.head else [])
+    lines = ["| | size | on disk | source |", "|---|---|---|---|"]
+    for label, side in sides:
+        source = "local folder" if side.source == "local" else "Hub"
+        if side.source == "hub" and side.from_cache:
+            source += " (from cache)"
+        lines.append(
+            f"| {label} | {format_bytes(side.total_bytes)} | "
+            f"{format_bytes(side.cached_bytes)} | {source} |"
+        )
+    quant = "" if plan.quantization == "none" else f", {plan.quantization}"
+    notes = [
+        f"**To download:** {format_bytes(plan.bytes_to_download)}"
+        + (" — everything is on disk, ready to load." if plan.ready else ""),
+        f"**Memory for the weights:** ≈ {format_bytes(plan.memory_bytes)} "
+        f"({plan.parameters / 1e6:,.1f}M target parameters in {plan.dtype}{quant} on "
+        f"{plan.device}, plus the head)",
+    ]
+    if plan.kv_bytes_per_token:
+        notes.append(
+            f"KV cache on top: ≈ {format_bytes(plan.kv_bytes_per_token * 1000)} per 1000 tokens "
+            "of context."
+        )
+    gated = [label for label, side in sides if side.gated]
+    if gated:
+        notes.append(
+            f"🔒 Gated {' and '.join(gated)}: accept the licence on the Hub and log in "
+            "(`hf auth login`) before downloading."
+        )
+    if plan.offline and not plan.ready:
+        notes.append("Hub offline mode is on (HF_HUB_OFFLINE=1): missing files cannot be fetched.")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
+
+
+def message_text(content: Any) -> str:
+    """Text of a Gradio 6 chat message content (a string or a list of typed parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return str(content.get("text", ""))
+    if isinstance(content, Sequence):
+        return "".join(message_text(part) for part in content)
+    return ""

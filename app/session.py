@@ -1,0 +1,54 @@
+"""Per-browser-session state kept in one ``gr.State``: stop switches and the measured baseline.
+
+Gradio deep-copies a State's initial value for every new session; :meth:`Session.__deepcopy__`
+returns a fresh object because a ``threading.Event`` cannot be copied. The object itself is
+shared by every event of that session, which is what lets a Stop click reach the generation
+that is running in another worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backend.events import PairInfo
+
+Job = Literal["chat", "race", "download", "baseline"]
+
+
+@dataclass
+class Baseline:
+    """Vanilla tokens/s measured on one loaded pair (stale once another pair is loaded)."""
+
+    info: PairInfo
+    tokens_per_s: float
+
+
+@dataclass
+class Session:
+    cancels: dict[str, threading.Event] = field(default_factory=dict)
+    baseline: Baseline | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Session:
+        return Session()
+
+    def start(self, job: Job) -> threading.Event:
+        """A fresh stop switch for a new run of ``job`` (a late Stop of the previous run
+        must not cancel this one)."""
+        event = threading.Event()
+        self.cancels[job] = event
+        return event
+
+    def stop(self, job: Job) -> bool:
+        """Flip the stop switch of the running ``job``; False when nothing was running."""
+        event = self.cancels.get(job)
+        if event is None or event.is_set():
+            return False
+        event.set()
+        return True
+
+    def baseline_for(self, info: PairInfo | None) -> float | None:
+        if self.baseline is not None and info is not None and self.baseline.info == info:
+            return self.baseline.tokens_per_s
+        return None

@@ -1,0 +1,182 @@
+"""The app in headless Chromium (Debian's ``chromium`` driven by Playwright's Python package):
+a reply streams in, the acceptance panel fills with coloured accepted tokens and numbers, Stop
+ends a reply mid-stream, the race shows both speeds and the identity verdict, and the model
+manager loads a pair showing its progress. Screenshots go to tests/artifacts/ (git-ignored).
+
+Needs ``apt-get install -y chromium`` and ``pip install playwright==1.65.2`` (never
+``playwright install``: the browser comes from Debian). Skipped with a reason otherwise.
+Set ``EAGLECHAT_README_SCREENSHOT=1`` to also refresh assets/screenshot.png.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.app.conftest import LiveApp
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-first-run",
+]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[3]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+README_SCREENSHOT = ROOT / "assets" / "screenshot.png"
+DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS["accepted draft"] (#34d399) as the DOM shows it
+TIMEOUT_MS = 30_000
+
+# Records every distinct length of the newest bot message as the DOM changes.
+WATCH_REPLY = """() => {
+  window.__replyLengths = [];
+  const root = document.querySelector('#chatbot');
+  new MutationObserver(() => {
+    const bots = root.querySelectorAll('[data-testid="bot"]');
+    if (!bots.length) return;
+    const n = bots[bots.length - 1].innerText.length;
+    const seen = window.__replyLengths;
+    if (!seen.length || seen[seen.length - 1] !== n) seen.push(n);
+  }).observe(root, {subtree: true, childList: true, characterData: true});
+}"""
+
+# Records every distinct text of an element as the DOM changes.
+WATCH_TEXT = """(selector) => {
+  window.__texts = [];
+  const root = document.querySelector(selector);
+  new MutationObserver(() => {
+    const text = root.innerText;
+    if (window.__texts[window.__texts.length - 1] !== text) window.__texts.push(text);
+  }).observe(root, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright==1.65.2 for the browser tests"
+    )
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is missing: apt-get install -y chromium")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, live_app: LiveApp):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1360, "height": 940})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    page.wait_for_selector("#chat-input textarea")
+    yield page
+    context.close()
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def set_number(page, slider_id: str, value: int) -> None:
+    box = page.locator(f"#{slider_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def send(page, text: str) -> None:
+    page.fill("#chat-input textarea", text)
+    page.press("#chat-input textarea", "Enter")
+
+
+def stats_text(page) -> str:
+    return page.inner_text("#accept-stats")
+
+
+def test_reply_streams_and_panel_fills(page) -> None:
+    open_tab(page, "Chat")
+    page.evaluate(WATCH_REPLY)
+    send(page, "hello world")
+    page.wait_for_function(
+        "() => document.querySelector('#accept-stats').innerText.includes('Finished')"
+    )
+    lengths = page.evaluate("window.__replyLengths")
+    assert len([n for n in lengths if n > 0]) > 1, f"reply did not stream: {lengths}"
+    assert lengths == sorted(lengths)
+    reply = page.locator("#chatbot [data-testid='bot']").last.inner_text()
+    assert reply.strip()
+
+    styles = page.locator("#accept-tokens .token").evaluate_all(
+        "nodes => nodes.map(n => n.getAttribute('style') || '')"
+    )
+    assert any(DRAFT_RGB in style for style in styles), "no accepted draft token is coloured"
+    assert any(DRAFT_RGB not in style for style in styles), "target tokens should look different"
+    stats = stats_text(page)
+    assert float(re.search(r"tokens/s\s+([\d.]+)", stats).group(1)) > 0
+    assert re.search(r"avg acceptance length \(τ\)\s+[\d.]+", stats)
+    assert re.search(r"last acceptance length\s+\d+", stats)
+    assert re.search(r"tokens per target forward\s+[\d.]+", stats)
+    assert page.locator("#accept-plot canvas, #accept-plot svg").count() > 0
+    page.screenshot(path=ARTIFACTS / "chat.png", full_page=True)
+    if os.environ.get("EAGLECHAT_README_SCREENSHOT"):
+        page.screenshot(path=README_SCREENSHOT, full_page=True)
+
+
+def test_stop_mid_stream(page) -> None:
+    open_tab(page, "Chat")
+    page.click("#chat-settings button, #chat-settings .label-wrap")
+    set_number(page, "chat-max-new-tokens", 450)
+    page.evaluate(WATCH_REPLY)
+    send(page, "Tell me a long story")
+    page.wait_for_function("() => window.__replyLengths.some(n => n > 0)")
+    page.click("#chat-stop")
+    page.wait_for_function(
+        "() => document.querySelector('#accept-stats').innerText.includes('Finished (stopped)')"
+    )
+    produced = int(re.search(r"new tokens / rounds\s+(\d+)", stats_text(page)).group(1))
+    assert 0 < produced < 450
+    page.screenshot(path=ARTIFACTS / "chat-stopped.png", full_page=True)
+
+
+def test_race_shows_both_speeds_and_identity(page) -> None:
+    open_tab(page, "EAGLE vs vanilla")
+    page.fill("#race-prompt textarea", "Tell me a story")
+    page.click("#race-run")
+    page.wait_for_function(
+        "() => document.querySelector('#race-verdict').innerText.includes('EAGLE speedup')"
+    )
+    verdict = page.inner_text("#race-verdict")
+    assert "Identical output" in verdict
+    assert float(re.search(r"vanilla: ([\d.]+) tokens/s", page.inner_text("#race-vanilla-stats")).group(1)) > 0  # fmt: skip
+    assert float(re.search(r"EAGLE: ([\d.]+) tokens/s", page.inner_text("#race-eagle-stats")).group(1)) > 0  # fmt: skip
+    assert page.locator("#race-eagle-text .token").count() > 0
+    page.screenshot(path=ARTIFACTS / "race.png", full_page=True)
+
+
+def test_model_manager_loads_with_progress(page, live_app: LiveApp) -> None:
+    open_tab(page, "Models")
+    page.fill("#models-target textarea", str(live_app.pair.target))
+    page.fill("#models-head textarea", str(live_app.pair.head))
+    page.click("#models-plan-btn")
+    page.wait_for_function(
+        "() => document.querySelector('#models-plan').innerText.includes('Memory for the weights')"
+    )
+    page.evaluate(WATCH_TEXT, "#models-status")
+    page.click("#models-load-btn")
+    page.wait_for_function(
+        "() => document.querySelector('#models-status').innerText.includes('Loaded in')"
+    )
+    texts = page.evaluate("window.__texts")
+    progress = [t for t in texts if "Loading" in t]
+    assert progress and re.search(r"\d+ / \d+ steps", progress[-1]), texts
+    assert str(live_app.pair.target) in page.inner_text("#loaded-pair")
+    page.screenshot(path=ARTIFACTS / "models.png", full_page=True)
