@@ -21,6 +21,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("backend.services.generate_cli", "generate one reply from a prompt"),
     "download": ("backend.services.hub_cli", "download a target/head pair from the Hub"),
+    "bench": ("backend.bench.cli", "benchmark vanilla vs EAGLE vs prompt lookup"),
     "make-demo-target": ("models.training.demo_target", "train the bundled demo target model"),
 }
 

@@ -18,11 +18,12 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from backend.config import GenerationConfig, TreeConfig
+from backend.config import GenerationConfig
 from backend.engine.drafter import EagleDrafter
 from backend.engine.loop import generate
 from backend.engine.target import TargetRunner
@@ -185,8 +186,10 @@ def make_tau_evaluator(
     model, tokenizer, prompts: Sequence[list[int]], config: GenerationConfig | None = None
 ) -> Callable[[DraftHead], float]:
     """evaluate(head) -> tau over all held-out prompts (round tokens / rounds, pooled), greedy,
-    through the same engine the app uses."""
-    config = config or GenerationConfig(tree=TreeConfig())
+    through the same engine the app uses. The tree is fixed (auto-tuning off): tau then
+    measures the head, not the machine's timings, and is reproducible."""
+    config = config or GenerationConfig()
+    config = replace(config, tree=replace(config.tree, auto=False))
     eos_ids = eos_token_ids(model, tokenizer)
     num_layers = len(decoder_of(model).layers)
 

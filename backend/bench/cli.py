@@ -1,0 +1,70 @@
+"""``python launch.py bench``: vanilla vs EAGLE vs prompt lookup, saved as JSON, Markdown, PNG.
+
+python launch.py bench --pair demo --out bench-results/demo-cpu
+python launch.py bench --target PATH --head PATH --prompts ../shared/bench/mt_bench.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from backend.bench.prompts import load_prompts
+from backend.bench.report import LABELS, write_reports
+from backend.bench.runner import METHODS, run_bench
+from backend.config import LoadConfig, TreeConfig
+from backend.errors import ConfigError
+from backend.services.catalog import find_pair
+from backend.services.loading import load_pair
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", help="catalog pair name, e.g. demo")
+    parser.add_argument("--target", help="target path or Hub id (instead of --pair)")
+    parser.add_argument("--head", help="head path or Hub id (instead of --pair)")
+    parser.add_argument("--prompts", help="FastChat-format JSONL (default: the built-in set)")
+    parser.add_argument("--limit", type=int, help="use only the first N prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--total-tokens", type=int, help="fixed tree size (default: auto)")
+    parser.add_argument("--depth", type=int, default=5)
+    parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+    )
+    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pair:
+        spec = find_pair(args.pair)
+        target, head = spec.target, spec.head
+    elif args.target and args.head:
+        target, head = args.target, args.head
+    else:
+        raise ConfigError("give --pair NAME, or --target and --head")
+    tree = (
+        TreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
+        if args.total_tokens
+        else TreeConfig(auto=True)
+    )
+    prompts = load_prompts(args.prompts, args.limit)
+    pair = load_pair(LoadConfig(target=target, head=head, dtype=args.dtype))
+    methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
+
+    def progress(index: int, total: int, method: str) -> None:
+        print(f"\r[{index + 1}/{total}] {LABELS[method]:<30}", end="", file=sys.stderr, flush=True)
+
+    result = run_bench(
+        pair, prompts, args.max_new_tokens, args.temperature, tree, methods, progress
+    )
+    print(file=sys.stderr)
+    command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    write_reports(result, Path(args.out), command)
+    print((Path(args.out) / "summary.md").read_text())
+    print(f"saved {args.out}/results.json, summary.md, speed.png")
+    return 0

@@ -1,0 +1,43 @@
+"""Benchmark prompt sets in FastChat's question format: one JSON object a line with
+``turns`` (the first turn is used). The project's own set is assets/bench_prompts.jsonl;
+the papers' sets (MT-bench, HumanEval, GSM8K, Alpaca) read the same way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend.errors import InputError
+
+BUILTIN_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "bench_prompts.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    path = Path(path) if path else BUILTIN_PROMPTS
+    if not path.is_file():
+        raise InputError(f"prompt file {path} does not exist")
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            text = record["turns"][0]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+            raise InputError(
+                f"{path}:{number} is not a FastChat question (needs a 'turns' list)"
+            ) from err
+        prompts.append(
+            BenchPrompt(str(record.get("question_id", number)), record.get("category", ""), text)
+        )
+    if not prompts:
+        raise InputError(f"prompt file {path} has no prompts")
+    return prompts[:limit] if limit else prompts

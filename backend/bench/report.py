@@ -1,0 +1,185 @@
+"""Benchmark bookkeeping and reports: pure functions of a BenchResult (JSON, Markdown, PNG).
+
+Definitions: tokens/s of a method = all its new tokens / all its generation seconds; speedup =
+EAGLE tokens/s / vanilla tokens/s from the same run; tau = tokens produced by verification
+rounds / rounds (backend/events.py); identical = same token ids as vanilla.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.bench.runner import METHODS, BenchResult, MethodRun
+
+LABELS = {"vanilla": "vanilla", "eagle": "EAGLE", "prompt_lookup": "prompt lookup (transformers)"}
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSummary:
+    method: str
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float  # versus vanilla in the same run
+    ttft_s: float  # mean
+    identical: int  # prompts whose tokens equal vanilla's
+    tau: float | None
+    accept_per_depth: tuple[float, ...]
+    draft_share: float | None  # fraction of round time spent drafting
+    verify_share: float | None
+
+
+def _tau(runs: list[MethodRun]) -> float | None:
+    rounds = sum(r.rounds for r in runs)
+    if not rounds:
+        return None
+    return sum(r.new_tokens - 1 for r in runs if r.new_tokens) / rounds
+
+
+def _accept_per_depth(runs: list[MethodRun]) -> tuple[float, ...]:
+    lengths = [a for r in runs for a in r.accept_lengths]
+    if not lengths:
+        return ()
+    return tuple(
+        sum(1 for a in lengths if a >= d) / len(lengths) for d in range(1, max(lengths) + 1)
+    )
+
+
+def summarize(result: BenchResult) -> dict[str, MethodSummary]:
+    by_method: dict[str, list[MethodRun]] = {}
+    vanilla_ids: list[tuple[int, ...]] = []
+    for prompt in result.prompts:
+        for method, run in prompt.runs.items():
+            by_method.setdefault(method, []).append(run)
+        vanilla_ids.append(prompt.runs["vanilla"].token_ids if "vanilla" in prompt.runs else ())
+    base_tps = None
+    summaries = {}
+    for method in [m for m in METHODS if m in by_method]:
+        runs = by_method[method]
+        tokens = sum(r.new_tokens for r in runs)
+        seconds = sum(r.seconds for r in runs)
+        tps = tokens / seconds if seconds > 0 else 0.0
+        if method == "vanilla":
+            base_tps = tps
+        eagle_like = any(r.accept_lengths for r in runs)
+        round_time = sum(r.seconds - r.ttft_s for r in runs)
+        summaries[method] = MethodSummary(
+            method=method, tokens=tokens, seconds=seconds, tokens_per_s=tps,
+            speedup=tps / base_tps if base_tps else 1.0,
+            ttft_s=sum(r.ttft_s for r in runs) / len(runs),
+            identical=sum(1 for r, v in zip(runs, vanilla_ids) if r.token_ids == v),
+            tau=_tau(runs) if method != "prompt_lookup" else None,
+            accept_per_depth=_accept_per_depth(runs),
+            draft_share=sum(r.draft_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
+            verify_share=sum(r.verify_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
+        )  # fmt: skip
+    return summaries
+
+
+def why_slow(summaries: dict[str, MethodSummary], costs: dict[str, Any]) -> str:
+    """Plain-words reasons when EAGLE's speedup is low."""
+    eagle = summaries.get("eagle")
+    if eagle is None or eagle.speedup >= 1.5:
+        return ""
+    reasons = []
+    if eagle.tau is not None and eagle.tau < 2.0:
+        reasons.append(f"few drafts are accepted (tau {eagle.tau:.2f})")
+    ratios = costs.get("verify_ratio", {})
+    if ratios:
+        reasons.append(f"verifying 8 tokens costs {ratios.get('8', 0):.1f}x one decoding step here")
+    if eagle.draft_share and eagle.draft_share > 0.25:
+        reasons.append(f"drafting takes {100 * eagle.draft_share:.0f}% of the time")
+    return "; ".join(reasons)
+
+
+def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], command: str) -> str:
+    s = result.settings
+    lines = [
+        f"Machine: {s['machine']}, device {s['device']}, {s['dtype']}, torch {s['torch']}. "
+        f"{s['num_prompts']} prompts, max {s['max_new_tokens']} new tokens, temperature "
+        f"{s['temperature']}, tree {s['tree']}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| method | tokens/s | speedup | tau | identical to vanilla | mean TTFT (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in summaries.values():
+        tau = f"{m.tau:.2f}" if m.tau is not None else "-"
+        lines.append(
+            f"| {LABELS[m.method]} | {m.tokens_per_s:.1f} | {m.speedup:.2f}x | {tau} | "
+            f"{m.identical}/{s['num_prompts']} | {m.ttft_s:.3f} |"
+        )
+    eagle = summaries.get("eagle")
+    if eagle is not None:
+        depths = ", ".join(f"d{i + 1}: {p:.2f}" for i, p in enumerate(eagle.accept_per_depth[:8]))
+        lines += [
+            "",
+            f"Acceptance per draft depth (share of rounds accepting at least d drafts): {depths}",
+        ]
+        if eagle.draft_share is not None:
+            other = max(0.0, 1 - eagle.draft_share - eagle.verify_share)
+            lines.append(
+                f"Round time: drafting {100 * eagle.draft_share:.0f}%, verification "
+                f"{100 * eagle.verify_share:.0f}%, bookkeeping {100 * other:.0f}%."
+            )
+        ratios = result.costs.get("verify_ratio")
+        if ratios:
+            shown = ", ".join(
+                f"{n}: {r:.2f}x"
+                for n, r in ratios.items()
+                if n in ("2", "4", "8", "16", "32", "60")
+            )
+            lines.append(f"Verify cost relative to one step, by tree size: {shown}; "
+                         f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step.")  # fmt: skip
+        reason = why_slow(summaries, result.costs)
+        if reason:
+            lines.append(f"Why the speedup is limited: {reason}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summaries: dict[str, MethodSummary], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = [LABELS[m] for m in summaries]
+    left.bar(
+        names,
+        [m.tokens_per_s for m in summaries.values()],
+        color=["#888", "#2a7", "#58c"][: len(names)],
+    )
+    left.set_ylabel("tokens/s")
+    left.set_title("Decoding speed")
+    left.tick_params(axis="x", labelsize=8)
+    eagle = summaries.get("eagle")
+    if eagle is not None and eagle.accept_per_depth:
+        depths = list(range(1, len(eagle.accept_per_depth) + 1))
+        right.bar(depths, eagle.accept_per_depth, color="#2a7")
+        right.set_xlabel("draft depth d")
+        right.set_ylabel("rounds accepting >= d drafts")
+        right.set_title(f"EAGLE acceptance (tau {eagle.tau:.2f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_reports(result: BenchResult, out_dir: Path, command: str) -> dict[str, MethodSummary]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(result)
+    data = result.to_json()
+    data["summary"] = {m: _as_dict(s) for m, s in summaries.items()}
+    data["command"] = command
+    (out_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out_dir / "summary.md").write_text(to_markdown(result, summaries, command))
+    plot(summaries, out_dir / "speed.png")
+    return summaries
+
+
+def _as_dict(summary: MethodSummary) -> dict[str, Any]:
+    return {name: getattr(summary, name) for name in summary.__slots__}

@@ -1,0 +1,83 @@
+"""Benchmark bookkeeping on hand-made runs (exact ratios, tau, identity counts) and one real
+run on a tiny pair. No timing thresholds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.bench.prompts import BenchPrompt, load_prompts
+from backend.bench.report import summarize, to_markdown, write_reports
+from backend.bench.runner import BenchResult, MethodRun, PromptResult, run_bench
+from backend.config import LoadConfig, TreeConfig
+from backend.errors import InputError
+from backend.services.loading import load_pair
+from models.checkpoints import save_head
+from tests.factories import easy_llama_pair, tiny_tokenizer
+
+
+def hand_made() -> BenchResult:
+    prompts = []
+    for index, (vanilla_ids, eagle_ids) in enumerate(
+        [((1, 2, 3, 4), (1, 2, 3, 4)), ((5, 6), (5, 7))]
+    ):
+        prompt = PromptResult(BenchPrompt(str(index), "x", "hi"))
+        prompt.runs["vanilla"] = MethodRun("vanilla", vanilla_ids, seconds=2.0, ttft_s=0.5,
+                                           rounds=len(vanilla_ids) - 1, accept_lengths=())  # fmt: skip
+        prompt.runs["eagle"] = MethodRun("eagle", eagle_ids, seconds=0.5, ttft_s=0.1, rounds=1,
+                                         accept_lengths=(len(eagle_ids) - 2,), draft_s=0.1,
+                                         verify_s=0.2)  # fmt: skip
+        prompt.runs["prompt_lookup"] = MethodRun("prompt_lookup", vanilla_ids, 1.0, 0.0, 0, ())
+        prompts.append(prompt)
+    settings = {"machine": "m", "device": "cpu", "dtype": "float32", "torch": "t", "num_prompts": 2,
+                "max_new_tokens": 4, "temperature": 0.0, "tree": "auto"}  # fmt: skip
+    return BenchResult(settings, {"verify_ratio": {"8": 1.9}, "draft_step_ratio": 0.1}, prompts)
+
+
+def test_ratios_tau_and_identity_counts() -> None:
+    summary = summarize(hand_made())
+    vanilla, eagle, lookup = summary["vanilla"], summary["eagle"], summary["prompt_lookup"]
+    assert vanilla.tokens == 6 and vanilla.tokens_per_s == pytest.approx(6 / 4.0)
+    assert eagle.tokens_per_s == pytest.approx(6 / 1.0)
+    assert eagle.speedup == pytest.approx(4.0)
+    assert lookup.speedup == pytest.approx((6 / 2.0) / (6 / 4.0))
+    assert eagle.identical == 1 and lookup.identical == 2 and vanilla.identical == 2
+    assert eagle.tau == pytest.approx((3 + 1) / 2)  # tokens after the first / rounds
+    assert vanilla.tau == pytest.approx(1.0)
+    assert eagle.accept_per_depth == (0.5, 0.5)  # accepted 2 and 0 drafts
+    assert eagle.draft_share == pytest.approx(0.2 / 0.8)  # drafting / time after the prefill
+    table = to_markdown(hand_made(), summary, "python launch.py bench")
+    assert "| EAGLE | 6.0 | 4.00x | 2.00 | 1/2 |" in table
+
+
+def test_prompt_files(tmp_path) -> None:
+    assert len(load_prompts()) >= 10
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\n')
+    with pytest.raises(InputError, match="not a FastChat question"):
+        load_prompts(bad)
+
+
+def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
+    tokenizer = tiny_tokenizer(tmp_path / "target")
+    target, head = easy_llama_pair(vocab_size=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    save_head(head, tmp_path / "head")
+    pair = load_pair(LoadConfig(target=str(tmp_path / "target"), head=str(tmp_path / "head")))
+    prompts = load_prompts(limit=2)
+    result = run_bench(
+        pair,
+        prompts,
+        max_new_tokens=24,
+        temperature=0.0,
+        tree=TreeConfig(total_tokens=8, depth=4, top_k=2),
+    )
+    summary = write_reports(result, tmp_path / "out", "cmd")
+    assert summary["eagle"].identical == 2  # greedy EAGLE == vanilla on every prompt
+    assert summary["prompt_lookup"].identical == 2
+    assert summary["eagle"].tau > 1.5
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(data["summary"]) == {"vanilla", "eagle", "prompt_lookup"}
+    assert (tmp_path / "out" / "speed.png").stat().st_size > 1000
+    assert "Acceptance per draft depth" in (tmp_path / "out" / "summary.md").read_text()
