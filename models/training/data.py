@@ -306,27 +306,29 @@ def regenerate_replies(
     target answers the conversation so far. Greedy when temperature is 0."""
     device = model.get_input_embeddings().weight.device
     eos_ids = eos_token_ids(model, tokenizer)
-    torch.manual_seed(seed)
     out: list[Conversation] = []
-    for number, conversation in enumerate(conversations, start=1):
-        regenerated: Conversation = []
-        for message in conversation:
-            if message["role"] == "assistant":
-                continue
-            regenerated.append(message)
-            if message["role"] != "user":
-                continue
-            prompt = encode_prompt(tokenizer, regenerated)
-            budget = min(max_new_tokens, max_length - len(prompt))
-            if budget < 1:
-                regenerated.pop()
-                break
-            reply = _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device)
-            regenerated.append({"role": "assistant", "content": reply})
-        if any(m["role"] == "assistant" for m in regenerated):
-            out.append(regenerated)
-        if progress is not None:
-            progress(number, len(conversations))
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # seeded sampling; the caller's RNG is kept
+        torch.manual_seed(seed)
+        for number, conversation in enumerate(conversations, start=1):
+            regenerated: Conversation = []
+            for message in conversation:
+                if message["role"] == "assistant":
+                    continue
+                regenerated.append(message)
+                if message["role"] != "user":
+                    continue
+                prompt = encode_prompt(tokenizer, regenerated)
+                budget = min(max_new_tokens, max_length - len(prompt))
+                if budget < 1:
+                    regenerated.pop()
+                    break
+                reply = _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device)
+                regenerated.append({"role": "assistant", "content": reply})
+            if any(m["role"] == "assistant" for m in regenerated):
+                out.append(regenerated)
+            if progress is not None:
+                progress(number, len(conversations))
     logger.info("regenerated replies for %d of %d conversations", len(out), len(conversations))
     return out
 

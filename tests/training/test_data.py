@@ -137,3 +137,7 @@ def test_regenerate_replaces_replies_with_the_targets_greedy_output():
     )[0, len(prompt) :]  # fmt: skip
     assert out[1][1]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
     assert out[0][2]["content"] != "the fox"  # a random model does not write the data set's reply
+    sampled = regenerate_replies(target, tokenizer, conversations, 6, temperature=1.0, seed=5)
+    assert sampled == regenerate_replies(
+        target, tokenizer, conversations, 6, temperature=1.0, seed=5
+    )
