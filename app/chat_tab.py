@@ -17,8 +17,15 @@ import gradio as gr
 
 from app.models_tab import TreeControls, tree_config
 from app.render import LiveStats, error_markdown, error_text, message_text
-from app.session import Baseline, Session
-from app.stats_panel import StatsPanel, build_stats_panel, panel_values
+from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Baseline, Session
+from app.stats_panel import (
+    MIN_REFRESH_S,
+    PLOT_REFRESH_S,
+    Pacer,
+    StatsPanel,
+    build_stats_panel,
+    panel_values,
+)
 from backend.api import Backend
 from backend.config import DEFAULT_MAX_NEW_TOKENS, GenerationConfig, SamplingConfig
 from backend.errors import EagleChatError
@@ -68,8 +75,15 @@ def backend_messages(history: Sequence[ChatMessage]) -> list[dict[str, str]]:
 class ChatController:
     """Chat handlers over one Backend; the per-session stop switch lives in the Session."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        min_refresh_s: float = MIN_REFRESH_S,
+        plot_refresh_s: float = PLOT_REFRESH_S,
+    ) -> None:
         self.backend = backend
+        self.min_refresh_s = min_refresh_s  # tests pass 0 to see every round
+        self.plot_refresh_s = plot_refresh_s
 
     def chat(
         self,
@@ -90,8 +104,9 @@ class ChatController:
         text = (message or "").strip()
         if not text:
             raise gr.Error("Type a message first.")
-        config = generation_config(mode, temperature, top_p, max_new_tokens, tree_auto,
-                                   total_tokens, depth, top_k)  # fmt: skip
+        config = generation_config(
+            mode, temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
+        )
         history = [*(history or []), {"role": "user", "content": text}]
         yield from self._reply(history, system_prompt, config, session)
 
@@ -115,8 +130,9 @@ class ChatController:
             history.pop()
         if not history:
             raise gr.Error("Nothing to regenerate yet.")
-        config = generation_config(mode, temperature, top_p, max_new_tokens, tree_auto,
-                                   total_tokens, depth, top_k)  # fmt: skip
+        config = generation_config(
+            mode, temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
+        )
         yield from self._reply(history, system_prompt, config, session)
 
     def _reply(
@@ -132,12 +148,15 @@ class ChatController:
         stats = LiveStats()
         yield [*history], "", *panel_values(stats, baseline, config.mode)
         events = self.backend.stream(
-            backend_messages(history), config, system_prompt=(system_prompt or "").strip() or None,
+            backend_messages(history),
+            config,
+            system_prompt=(system_prompt or "").strip() or None,
             cancel=cancel,
-        )  # fmt: skip
+        )
+        pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
         for event in events:
             stats.update(event)
-            if isinstance(event, Started):
+            if isinstance(event, Started) or not pacer.due(final=stats.done):
                 continue
             shown = [*history]
             if stats.text or not stats.error:
@@ -149,9 +168,10 @@ class ChatController:
                         "role": "assistant",
                         "content": error_markdown(event),
                         "metadata": {"title": ERROR_TITLE},
-                    }  # fmt: skip
+                    }
                 )
-            yield shown, gr.skip(), *panel_values(stats, baseline, config.mode)
+            with_plot = plot_pacer.due(final=stats.done)
+            yield shown, gr.skip(), *panel_values(stats, baseline, config.mode, with_plot)
 
     def stop(self, session: Session) -> None:
         if session.stop("chat"):
@@ -210,8 +230,12 @@ def build_chat_tab() -> ChatTab:
                 message = gr.Textbox(
                     placeholder="Message (Enter to send, Shift+Enter for a new line)",
                     label="Message",
-                    show_label=False, lines=1, max_lines=8, scale=6, elem_id="chat-input",
-                )  # fmt: skip
+                    show_label=False,
+                    lines=1,
+                    max_lines=8,
+                    scale=6,
+                    elem_id="chat-input",
+                )
                 send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
             with gr.Row():
                 stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
@@ -219,35 +243,64 @@ def build_chat_tab() -> ChatTab:
                 clear = gr.Button("Clear", elem_id="chat-clear")
             with gr.Accordion("Generation settings", open=False, elem_id="chat-settings"):
                 system_prompt = gr.Textbox("", label="System prompt", lines=2)
-                mode = gr.Radio([("EAGLE", "eagle"), ("vanilla", "vanilla")], value="eagle",
-                                label="Decoding")  # fmt: skip
-                temperature = gr.Slider(0.0, 2.0, value=_SAMPLING.temperature, step=0.05,
-                                        label="temperature (0 = greedy)")  # fmt: skip
+                mode = gr.Radio(
+                    [("EAGLE", "eagle"), ("vanilla", "vanilla")], value="eagle", label="Decoding"
+                )
+                temperature = gr.Slider(
+                    0.0,
+                    2.0,
+                    value=_SAMPLING.temperature,
+                    step=0.05,
+                    label="temperature (0 = greedy)",
+                )
                 top_p = gr.Slider(0.05, 1.0, value=_SAMPLING.top_p, step=0.05, label="top-p")
-                max_new_tokens = gr.Slider(1, 2048, value=DEFAULT_MAX_NEW_TOKENS, step=1,
-                                           label="max new tokens",
-                                           elem_id="chat-max-new-tokens")  # fmt: skip
+                max_new_tokens = gr.Slider(
+                    1,
+                    2048,
+                    value=DEFAULT_MAX_NEW_TOKENS,
+                    step=1,
+                    label="max new tokens",
+                    elem_id="chat-max-new-tokens",
+                )
         with gr.Column(scale=2, elem_classes=["accept-panel"]):
             gr.Markdown("#### Live acceptance")
             panel = build_stats_panel()
             with gr.Row():
-                baseline_button = gr.Button("Measure vanilla baseline", size="sm",
-                                            elem_id="chat-baseline-btn")  # fmt: skip
+                baseline_button = gr.Button(
+                    "Measure vanilla baseline", size="sm", elem_id="chat-baseline-btn"
+                )
             baseline = gr.Markdown(BASELINE_HELP, label="Vanilla baseline", elem_id="chat-baseline")
     return ChatTab(
-        chatbot=chatbot, message=message, send=send, stop=stop, regenerate=regenerate,
-        clear=clear, system_prompt=system_prompt, mode=mode, temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, baseline_button=baseline_button,
-        baseline=baseline, panel=panel,
-    )  # fmt: skip
+        chatbot=chatbot,
+        message=message,
+        send=send,
+        stop=stop,
+        regenerate=regenerate,
+        clear=clear,
+        system_prompt=system_prompt,
+        mode=mode,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        baseline_button=baseline_button,
+        baseline=baseline,
+        panel=panel,
+    )
 
 
 def wire_chat_tab(
     tab: ChatTab, backend: Backend, session: gr.State, tree: TreeControls
 ) -> ChatController:
     controller = ChatController(backend)
-    settings = [tab.system_prompt, tab.mode, tab.temperature, tab.top_p, tab.max_new_tokens,
-                *tree.components, session]  # fmt: skip
+    settings = [
+        tab.system_prompt,
+        tab.mode,
+        tab.temperature,
+        tab.top_p,
+        tab.max_new_tokens,
+        *tree.components,
+        session,
+    ]
     outputs = [tab.chatbot, tab.message, *tab.panel.outputs]
     gr.on(
         [tab.send.click, tab.message.submit],
@@ -255,17 +308,27 @@ def wire_chat_tab(
         inputs=[tab.message, tab.chatbot, *settings],
         outputs=outputs,
         api_name="chat",
-        concurrency_id="model",
-        concurrency_limit=1,
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
         show_progress="minimal",
     )
     tab.regenerate.click(
-        controller.regenerate, inputs=[tab.chatbot, *settings], outputs=outputs,
-        api_name="regenerate", concurrency_id="model", concurrency_limit=1,
+        controller.regenerate,
+        inputs=[tab.chatbot, *settings],
+        outputs=outputs,
+        api_name="regenerate",
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
         show_progress="minimal",
-    )  # fmt: skip
-    tab.stop.click(controller.stop, inputs=[session], outputs=None, api_name="stop",
-                   concurrency_limit=None, queue=False)  # fmt: skip
+    )
+    tab.stop.click(
+        controller.stop,
+        inputs=[session],
+        outputs=None,
+        api_name="stop",
+        concurrency_limit=None,
+        queue=False,
+    )
     gr.on(
         [tab.clear.click, tab.chatbot.clear],  # our button and the chatbot's own trash icon
         controller.clear,
@@ -276,7 +339,11 @@ def wire_chat_tab(
         queue=False,
     )
     tab.baseline_button.click(
-        controller.measure_baseline, inputs=[session], outputs=[tab.baseline],
-        api_name="baseline", concurrency_id="model", concurrency_limit=1,
-    )  # fmt: skip
+        controller.measure_baseline,
+        inputs=[session],
+        outputs=[tab.baseline],
+        api_name="baseline",
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
+    )
     return controller

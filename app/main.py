@@ -57,7 +57,10 @@ def build_app(
         pair_names = [pair.name for pair in backend.catalog()]
     except EagleChatError as err:
         logger.warning("catalog unreadable: %s", err)
-        pair_names, notice = [], f"{notice}\n\n{error_markdown(LoadFailed(err.code, err.message, err.hint))}"  # fmt: skip
+        pair_names, notice = (
+            [],
+            f"{notice}\n\n{error_markdown(LoadFailed(err.code, err.message, err.hint))}",
+        )
     with gr.Blocks(title="EagleChat") as demo:
         session = gr.State(Session())
         with gr.Row(elem_id="app-header"):
@@ -75,8 +78,12 @@ def build_app(
         wire_chat_tab(chat, backend, session, models.tree)
         wire_race_tab(race, backend, session, models.tree)
         controller = wire_models_tab(models, backend, session, header)
-        demo.load(controller.refresh, outputs=[models.status, header], api_name="status",
-                  concurrency_limit=None)  # fmt: skip
+        demo.load(
+            controller.refresh,
+            outputs=[models.status, header],
+            api_name="status",
+            concurrency_limit=None,
+        )
     return demo
 
 
@@ -90,18 +97,32 @@ def launch_options() -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="interface to serve on; anything but loopback needs --auth")  # fmt: skip
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to serve on; anything but loopback needs --auth",
+    )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--share", action="store_true",
-                        help="public gradio.live link (off by default; needs --auth)")  # fmt: skip
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="public gradio.live link (off by default; needs --auth)",
+    )
     parser.add_argument("--auth", metavar="USER:PASS", help="require this login")
     parser.add_argument("--target", help="target to load at start (default: the demo pair)")
     parser.add_argument("--head", help="EAGLE head to load with --target")
-    parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none",
-                        help="bitsandbytes quantization of the target")  # fmt: skip
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
-                        default=None, help="default: the catalog's, else auto")  # fmt: skip
+    parser.add_argument(
+        "--quantize",
+        choices=["none", "8bit", "4bit"],
+        default="none",
+        help="bitsandbytes quantization of the target",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default=None,
+        help="default: the catalog's, else auto",
+    )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
 
 
@@ -131,14 +152,22 @@ def startup_pair(
 
     Returns (config, catalog name, notice); the notice explains a missing demo."""
     if args.target:
-        config = LoadConfig(target=args.target, head=args.head, dtype=args.dtype or "auto",
-                            quantization=args.quantize)  # fmt: skip
+        config = LoadConfig(
+            target=args.target,
+            head=args.head,
+            dtype=args.dtype or "auto",
+            quantization=args.quantize,
+        )
         return config, None, ""
     demo = next((pair for pair in backend.catalog() if pair.name == DEMO_PAIR), None)
     if demo is None:
         return None, None, ""
-    config = LoadConfig(target=demo.target, head=demo.head, dtype=args.dtype or demo.dtype,
-                        quantization=args.quantize)  # fmt: skip
+    config = LoadConfig(
+        target=demo.target,
+        head=demo.head,
+        dtype=args.dtype or demo.dtype,
+        quantization=args.quantize,
+    )
     if not (Path(demo.target).is_dir() and Path(demo.head).is_dir()):
         logger.warning("demo pair not built (%s, %s)", demo.target, demo.head)
         return config, DEMO_PAIR, DEMO_MISSING

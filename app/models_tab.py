@@ -26,7 +26,7 @@ from app.render import (
     progress_fraction,
     progress_text,
 )
-from app.session import Session
+from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Session
 from backend.api import Backend
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import EagleChatError
@@ -124,8 +124,13 @@ def build_models_tab(
                 value=True,
                 label="auto: pick the tree per round from measured speed and acceptance",
             )
-            total_tokens = gr.Slider(2, 128, value=_TREE.total_tokens, step=1,
-                                     label="total tokens verified per round (root included)")  # fmt: skip
+            total_tokens = gr.Slider(
+                2,
+                128,
+                value=_TREE.total_tokens,
+                step=1,
+                label="total tokens verified per round (root included)",
+            )
             depth = gr.Slider(1, 12, value=_TREE.depth, step=1, label="depth (draft steps)")
             top_k = gr.Slider(1, 16, value=_TREE.top_k, step=1, label="top-k per expansion")
     with gr.Row():
@@ -137,12 +142,22 @@ def build_models_tab(
     plan = gr.Markdown(label="Plan", elem_id="models-plan")
     status = gr.Markdown(label="Status", elem_id="models-status")
     return ModelsTab(
-        notice=notice_md, pair=pair, details=details, target=target, head=head, dtype=dtype,
-        quantization=quantization, tree=TreeControls(auto, total_tokens, depth, top_k),
-        plan_button=plan_button, plan=plan, download_button=download_button,
-        stop_download_button=stop_download_button, load_button=load_button,
-        unload_button=unload_button, status=status,
-    )  # fmt: skip
+        notice=notice_md,
+        pair=pair,
+        details=details,
+        target=target,
+        head=head,
+        dtype=dtype,
+        quantization=quantization,
+        tree=TreeControls(auto, total_tokens, depth, top_k),
+        plan_button=plan_button,
+        plan=plan,
+        download_button=download_button,
+        stop_download_button=stop_download_button,
+        load_button=load_button,
+        unload_button=unload_button,
+        status=status,
+    )
 
 
 class ModelsController:
@@ -165,8 +180,15 @@ class ModelsController:
             hint = "Enter a target and a head: Hub repo ids (`org/name`) or local folders."
             return (gr.skip(),) * 6 + (hint,)
         tree = pair.tree
-        return (pair.target, pair.head, pair.dtype, tree.total_tokens, tree.depth, tree.top_k,
-                pair_markdown(pair))  # fmt: skip
+        return (
+            pair.target,
+            pair.head,
+            pair.dtype,
+            tree.total_tokens,
+            tree.depth,
+            tree.top_k,
+            pair_markdown(pair),
+        )
 
     def check_plan(self, target: str, head: str, dtype: str, quantization: str) -> str:
         target, head_or_none = _clean(target), _clean(head) or None
@@ -211,8 +233,12 @@ class ModelsController:
     ) -> Iterator[tuple[str, str]]:
         """Load (downloading what is missing); yields (status, header) Markdown pairs."""
         try:
-            config = LoadConfig(target=_clean(target), head=_clean(head) or None,
-                                dtype=dtype, quantization=quantization)  # type: ignore[arg-type]  # fmt: skip
+            config = LoadConfig(
+                target=_clean(target),
+                head=_clean(head) or None,
+                dtype=dtype,
+                quantization=quantization,
+            )  # type: ignore[arg-type]
         except EagleChatError as err:
             raise gr.Error(error_text(LoadFailed(err.code, err.message, err.hint))) from err
         started = time.perf_counter()
@@ -223,8 +249,10 @@ class ModelsController:
                 yield _progress_markdown(f"Loading `{config.target}`…", lines), gr.skip()
             elif isinstance(event, Loaded):
                 seconds = time.perf_counter() - started
-                yield (f"✅ Loaded in {seconds:.1f} s.\n\n{pair_info_markdown(event.info)}",
-                       self.header())  # fmt: skip
+                yield (
+                    f"✅ Loaded in {seconds:.1f} s.\n\n{pair_info_markdown(event.info)}",
+                    self.header(),
+                )
             elif isinstance(event, LoadFailed):
                 gr.Warning(error_text(event))
                 yield error_markdown(event), self.header()
@@ -282,33 +310,52 @@ def wire_models_tab(
             tab.tree.depth,
             tab.tree.top_k,
             tab.details,
-        ],  # fmt: skip
+        ],
         api_name="select_pair",
         concurrency_limit=None,
         queue=False,
     )
     location = [tab.target, tab.head, tab.dtype, tab.quantization]
     tab.plan_button.click(
-        controller.check_plan, inputs=location, outputs=[tab.plan], api_name="plan",
-        concurrency_id="hub", concurrency_limit=2,
-    )  # fmt: skip
+        controller.check_plan,
+        inputs=location,
+        outputs=[tab.plan],
+        api_name="plan",
+        concurrency_id="hub",
+        concurrency_limit=2,
+    )
     download = tab.download_button.click(
-        controller.download, inputs=[tab.target, tab.head, session], outputs=[tab.status],
-        api_name="download", concurrency_id="hub", concurrency_limit=2,
-    )  # fmt: skip
+        controller.download,
+        inputs=[tab.target, tab.head, session],
+        outputs=[tab.status],
+        api_name="download",
+        concurrency_id="hub",
+        concurrency_limit=2,
+    )
     tab.stop_download_button.click(
-        controller.stop_download, inputs=[session], outputs=None, api_name="stop_download",
-        concurrency_limit=None, queue=False,
-    )  # fmt: skip
+        controller.stop_download,
+        inputs=[session],
+        outputs=None,
+        api_name="stop_download",
+        concurrency_limit=None,
+        queue=False,
+    )
     tab.load_button.click(
-        controller.load, inputs=location, outputs=[tab.status, header], api_name="load",
-        concurrency_id="model", concurrency_limit=1,
-    )  # fmt: skip
+        controller.load,
+        inputs=location,
+        outputs=[tab.status, header],
+        api_name="load",
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
+    )
     download.then(
         controller.check_plan, inputs=location, outputs=[tab.plan], api_visibility="private"
     )
     tab.unload_button.click(
-        controller.unload, outputs=[tab.status, header], api_name="unload",
-        concurrency_id="model", concurrency_limit=1,
-    )  # fmt: skip
+        controller.unload,
+        outputs=[tab.status, header],
+        api_name="unload",
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
+    )
     return controller

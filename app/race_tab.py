@@ -27,7 +27,8 @@ from app.render import (
     race_frame,
     race_verdict_markdown,
 )
-from app.session import Session
+from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Session
+from app.stats_panel import MIN_REFRESH_S, PLOT_REFRESH_S, Pacer
 from backend.api import Backend
 from backend.config import DEFAULT_MAX_NEW_TOKENS
 from backend.events import GenerationFailed, RaceFinished, RaceUpdate
@@ -38,23 +39,30 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
 def race_values(
-    vanilla: LiveStats, eagle: LiveStats, verdict: str
+    vanilla: LiveStats, eagle: LiveStats, verdict: str, with_plot: bool = True
 ) -> tuple[Any, Any, Any, Any, str, Any]:
     """Outputs in order: vanilla text, vanilla numbers, EAGLE text, EAGLE numbers, verdict,
-    tokens-over-time plot."""
+    tokens-over-time plot (left as it is when ``with_plot`` is False)."""
     return (
         highlight_spans(vanilla.spans),
         lane_markdown(vanilla, "vanilla"),
         highlight_spans(eagle.spans),
         lane_markdown(eagle, "EAGLE"),
         verdict,
-        race_frame(vanilla, eagle),
+        race_frame(vanilla, eagle) if with_plot else gr.skip(),
     )
 
 
 class RaceController:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        min_refresh_s: float = MIN_REFRESH_S,
+        plot_refresh_s: float = PLOT_REFRESH_S,
+    ) -> None:
         self.backend = backend
+        self.min_refresh_s = min_refresh_s  # tests pass 0 to see every round
+        self.plot_refresh_s = plot_refresh_s
 
     def race(
         self,
@@ -72,17 +80,22 @@ class RaceController:
         text = (prompt or "").strip()
         if not text:
             raise gr.Error("Type a prompt first.")
-        config = generation_config("eagle", temperature, top_p, max_new_tokens, tree_auto,
-                                   total_tokens, depth, top_k)  # fmt: skip
+        config = generation_config(
+            "eagle", temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
+        )
         cancel = session.start("race")
         lanes = {"vanilla": LiveStats(), "eagle": LiveStats()}
         verdict = "Racing…"
         yield race_values(lanes["vanilla"], lanes["eagle"], verdict)
         events = self.backend.race(
-            [{"role": "user", "content": text}], config,
-            system_prompt=(system_prompt or "").strip() or None, cancel=cancel,
-        )  # fmt: skip
+            [{"role": "user", "content": text}],
+            config,
+            system_prompt=(system_prompt or "").strip() or None,
+            cancel=cancel,
+        )
+        pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
         for event in events:
+            final = isinstance(event, (RaceFinished, GenerationFailed))
             if isinstance(event, RaceUpdate):
                 lanes[event.lane].update(event.event)
             elif isinstance(event, RaceFinished):
@@ -90,7 +103,9 @@ class RaceController:
             elif isinstance(event, GenerationFailed):
                 gr.Warning(error_text(event))
                 verdict = error_markdown(event)
-            yield race_values(lanes["vanilla"], lanes["eagle"], verdict)
+            if pacer.due(final=final):
+                with_plot = plot_pacer.due(final=final)
+                yield race_values(lanes["vanilla"], lanes["eagle"], verdict, with_plot)
 
     def stop(self, session: Session) -> None:
         session.stop("race")
@@ -114,53 +129,88 @@ class RaceTab:
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.vanilla_text, self.vanilla_stats, self.eagle_text, self.eagle_stats,
-                self.verdict, self.plot]  # fmt: skip
+        return [
+            self.vanilla_text,
+            self.vanilla_stats,
+            self.eagle_text,
+            self.eagle_stats,
+            self.verdict,
+            self.plot,
+        ]
 
 
 def build_race_tab() -> RaceTab:
     with gr.Row():
-        prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=2, scale=5,
-                            elem_id="race-prompt")  # fmt: skip
+        prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=2, scale=5, elem_id="race-prompt")
         with gr.Column(scale=1, min_width=160):
             run = gr.Button("Race", variant="primary", elem_id="race-run")
             stop = gr.Button("Stop", variant="stop", elem_id="race-stop")
     with gr.Accordion("Settings", open=False):
         system_prompt = gr.Textbox("", label="System prompt", lines=1)
         with gr.Row():
-            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05,
-                                    label="temperature (0 = greedy: outputs must be identical)")  # fmt: skip
+            temperature = gr.Slider(
+                0.0,
+                2.0,
+                value=0.0,
+                step=0.05,
+                label="temperature (0 = greedy: outputs must be identical)",
+            )
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p")
-            max_new_tokens = gr.Slider(1, 2048, value=DEFAULT_MAX_NEW_TOKENS, step=1,
-                                       label="max new tokens",
-                                       elem_id="race-max-new-tokens")  # fmt: skip
+            max_new_tokens = gr.Slider(
+                1,
+                2048,
+                value=DEFAULT_MAX_NEW_TOKENS,
+                step=1,
+                label="max new tokens",
+                elem_id="race-max-new-tokens",
+            )
     with gr.Row(equal_height=False):
         with gr.Column():
             vanilla_stats = gr.Markdown(
                 "**vanilla**", label="Vanilla stats", elem_id="race-vanilla-stats"
             )
-            vanilla_text = gr.HighlightedText(label="Vanilla decoding (one token per forward)",
-                                              color_map=SPAN_COLORS, show_inline_category=False,
-                                              elem_id="race-vanilla-text")  # fmt: skip
+            vanilla_text = gr.HighlightedText(
+                label="Vanilla decoding (one token per forward)",
+                color_map=SPAN_COLORS,
+                show_inline_category=False,
+                elem_id="race-vanilla-text",
+            )
         with gr.Column():
             eagle_stats = gr.Markdown("**EAGLE**", label="EAGLE stats", elem_id="race-eagle-stats")
-            eagle_text = gr.HighlightedText(label="EAGLE (green: accepted drafts)",
-                                            color_map=SPAN_COLORS, show_legend=True,
-                                            show_inline_category=False,
-                                            elem_id="race-eagle-text")  # fmt: skip
+            eagle_text = gr.HighlightedText(
+                label="EAGLE (green: accepted drafts)",
+                color_map=SPAN_COLORS,
+                show_legend=True,
+                show_inline_category=False,
+                elem_id="race-eagle-text",
+            )
     with gr.Row(equal_height=False):
         verdict = gr.Markdown(label="Verdict", elem_id="race-verdict")
         plot = gr.LinePlot(
-            race_frame(LiveStats(), LiveStats()), x="seconds", y="tokens", color="lane",
-            color_map=LANE_COLORS, title="Tokens generated over each lane's compute time",
-            height=240, elem_id="race-plot",
-        )  # fmt: skip
+            race_frame(LiveStats(), LiveStats()),
+            x="seconds",
+            y="tokens",
+            color="lane",
+            color_map=LANE_COLORS,
+            title="Tokens generated over each lane's compute time",
+            height=240,
+            elem_id="race-plot",
+        )
     return RaceTab(
-        prompt=prompt, system_prompt=system_prompt, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, run=run, stop=stop, vanilla_text=vanilla_text,
-        vanilla_stats=vanilla_stats, eagle_text=eagle_text, eagle_stats=eagle_stats,
-        verdict=verdict, plot=plot,
-    )  # fmt: skip
+        prompt=prompt,
+        system_prompt=system_prompt,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        run=run,
+        stop=stop,
+        vanilla_text=vanilla_text,
+        vanilla_stats=vanilla_stats,
+        eagle_text=eagle_text,
+        eagle_stats=eagle_stats,
+        verdict=verdict,
+        plot=plot,
+    )
 
 
 def wire_race_tab(
@@ -178,13 +228,19 @@ def wire_race_tab(
             tab.max_new_tokens,
             *tree.components,
             session,
-        ],  # fmt: skip
+        ],
         outputs=tab.outputs,
         api_name="race",
-        concurrency_id="model",
-        concurrency_limit=1,
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
         show_progress="minimal",
     )
-    tab.stop.click(controller.stop, inputs=[session], outputs=None, api_name="race_stop",
-                   concurrency_limit=None, queue=False)  # fmt: skip
+    tab.stop.click(
+        controller.stop,
+        inputs=[session],
+        outputs=None,
+        api_name="race_stop",
+        concurrency_limit=None,
+        queue=False,
+    )
     return controller

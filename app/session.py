@@ -16,6 +16,13 @@ from backend.events import PairInfo
 
 Job = Literal["chat", "race", "download", "baseline"]
 
+# Every event that uses the model joins one Gradio concurrency group. Its limit is above 1 on
+# purpose: the backend already runs one job at a time in arrival order (its own FIFO queue),
+# and a request that waits *there* has started, so its Stop switch exists and works while it
+# waits. Gradio's limit only bounds the worker threads parked in that queue.
+MODEL_GROUP = "model"
+MODEL_CONCURRENCY = 8
+
 
 @dataclass
 class Baseline:

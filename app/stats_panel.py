@@ -7,7 +7,8 @@ in the order of :attr:`StatsPanel.outputs`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
@@ -19,6 +20,27 @@ from app.render import (
     highlight_spans,
     stats_markdown,
 )
+
+# Browsers fall behind when a tiny model on a CPU streams hundreds of rounds a second, and a
+# plot redraw costs far more than a text update: text refreshes at most every MIN_REFRESH_S,
+# plots every PLOT_REFRESH_S. Every round still lands in the numbers and the plot's data.
+MIN_REFRESH_S = 0.05
+PLOT_REFRESH_S = 0.5
+
+
+@dataclass
+class Pacer:
+    """Says when a streaming handler should push the next UI update."""
+
+    min_interval_s: float = MIN_REFRESH_S
+    _last: float = field(default=float("-inf"), repr=False)
+
+    def due(self, final: bool = False) -> bool:
+        now = time.monotonic()
+        if final or now - self._last >= self.min_interval_s:
+            self._last = now
+            return True
+        return False
 
 
 @dataclass
@@ -58,10 +80,14 @@ def build_stats_panel() -> StatsPanel:
 
 
 def panel_values(
-    stats: LiveStats, baseline_tps: float | None = None, mode: str = "eagle"
+    stats: LiveStats,
+    baseline_tps: float | None = None,
+    mode: str = "eagle",
+    with_plot: bool = True,
 ) -> tuple[list[tuple[str, str]], str, Any]:
+    """Values for :attr:`StatsPanel.outputs`; ``with_plot=False`` leaves the plot as it is."""
     return (
         highlight_spans(stats.spans),
         stats_markdown(stats, baseline_tps=baseline_tps, mode=mode),
-        acceptance_frame(stats),
+        acceptance_frame(stats) if with_plot else gr.skip(),
     )

@@ -17,7 +17,7 @@ import torch
 
 from backend.bench.prompts import BenchPrompt
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
-from backend.engine.autotune import CostModel, measure_costs
+from backend.engine.autotune import CostModel
 from backend.engine.loop import generate
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import LoadedPair
@@ -117,7 +117,7 @@ def run_bench(
     methods: tuple[str, ...] = METHODS,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> BenchResult:
-    costs: CostModel | None = measure_costs(pair.runner, pair.drafter) if pair.drafter else None
+    costs: CostModel | None = pair.tree_costs()
     results: list[PromptResult] = []
     encoded = [prompt_ids(pair.tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
     warmup = GenerationConfig(mode="vanilla", max_new_tokens=8)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from backend.config import LoadConfig, TreeConfig
+from backend.engine.autotune import CostModel, measure_costs
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
@@ -50,6 +51,13 @@ class LoadedPair:
     target_path: str
     head_path: str | None
     info: PairInfo
+    costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
+
+    def tree_costs(self) -> CostModel | None:
+        """Costs the tree auto-tuner needs, timed on first use and kept with the pair."""
+        if self.costs is None and self.drafter is not None:
+            self.costs = measure_costs(self.runner, self.drafter)
+        return self.costs
 
 
 @dataclass

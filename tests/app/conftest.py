@@ -67,9 +67,12 @@ def live_app(tiny_pair: SavedPair) -> Iterator[LiveApp]:
     demo = build_app(backend, initial=config)
     demo.queue(default_concurrency_limit=1)
     _, url, _ = demo.launch(
-        server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-        quiet=True, **launch_options(),
-    )  # fmt: skip
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        prevent_thread_lock=True,
+        quiet=True,
+        **launch_options(),
+    )
     try:
         yield LiveApp(url=url.rstrip("/"), backend=backend, pair=tiny_pair)
     finally:

@@ -44,10 +44,17 @@ SCRIPT: tuple[tuple[tuple[tuple[str, str], ...], int], ...] = (
 
 def make_info(target: str = "fake/target", head: str | None = "fake/head") -> PairInfo:
     return PairInfo(
-        target=target, head=head, head_kind="eagle3" if head else None, architecture="Fake",
-        dtype="float32", device="cpu", quantization="none", parameters=1_000_000,
-        vocab_size=300, max_context=512,
-    )  # fmt: skip
+        target=target,
+        head=head,
+        head_kind="eagle3" if head else None,
+        architecture="Fake",
+        dtype="float32",
+        device="cpu",
+        quantization="none",
+        parameters=1_000_000,
+        vocab_size=300,
+        max_context=512,
+    )
 
 
 def summary_of(
@@ -82,10 +89,17 @@ def scripted_rounds(request_id: str = "r", vanilla: bool = False) -> list[RoundC
         next_id += len(pieces)
         rounds.append(
             RoundCompleted(
-                request_id=request_id, round_index=index, token_ids=ids, spans=pieces,
-                num_accepted_drafts=0 if vanilla else accepted, tree_size=1 if vanilla else 8,
-                draft_s=0.01, verify_s=0.02, bookkeeping_s=0.0, elapsed_s=0.1 * (index + 1),
-            )  # fmt: skip
+                request_id=request_id,
+                round_index=index,
+                token_ids=ids,
+                spans=pieces,
+                num_accepted_drafts=0 if vanilla else accepted,
+                tree_size=1 if vanilla else 8,
+                draft_s=0.01,
+                verify_s=0.02,
+                bookkeeping_s=0.0,
+                elapsed_s=0.1 * (index + 1),
+            )
         )
     return rounds
 
@@ -99,32 +113,63 @@ class FakeBackend:
 
     def catalog(self) -> list[PairSpec]:
         return [
-            PairSpec(name="demo", target="/x/demo/target", head="/x/demo/head", head_kind="eagle3",
-                     target_gb=0.05, head_gb=0.01, gated=False, tree=TreeConfig(12, 5, 4),
-                     dtype="float32", note="Bundled tiny pair.", offline=True),
-            PairSpec(name="gated-pair", target="org/target", head="org/head", head_kind="eagle1",
-                     target_gb=13.5, head_gb=0.8, gated=True, tree=TreeConfig(60, 6, 10),
-                     dtype="float16"),
-        ]  # fmt: skip
+            PairSpec(
+                name="demo",
+                target="/x/demo/target",
+                head="/x/demo/head",
+                head_kind="eagle3",
+                target_gb=0.05,
+                head_gb=0.01,
+                gated=False,
+                tree=TreeConfig(12, 5, 4),
+                dtype="float32",
+                note="Bundled tiny pair.",
+                offline=True,
+            ),
+            PairSpec(
+                name="gated-pair",
+                target="org/target",
+                head="org/head",
+                head_kind="eagle1",
+                target_gb=13.5,
+                head_gb=0.8,
+                gated=True,
+                tree=TreeConfig(60, 6, 10),
+                dtype="float16",
+            ),
+        ]
 
-    def plan(self, target: str, head: str | None = None, dtype: str = "auto",
-             quantization: str = "none") -> PairPlan:  # fmt: skip
+    def plan(
+        self, target: str, head: str | None = None, dtype: str = "auto", quantization: str = "none"
+    ) -> PairPlan:
         self.calls.append(("plan", (target, head, dtype, quantization)))
         side = RepoSize(target, "hub", 2_000_000_000, 500_000_000, gated=True, from_cache=False)
         head_side = RepoSize(head, "local", 40_000_000, 40_000_000, False, True) if head else None
         return PairPlan(
-            target=side, head=head_side, dtype="float32", quantization=quantization,
-            device="cpu", parameters=1_000_000_000, head_parameters=10_000_000,
-            parameters_source="safetensors", memory_bytes=4_040_000_000,
-            kv_bytes_per_token=4096, bytes_to_download=1_500_000_000, offline=False, ready=False,
-        )  # fmt: skip
+            target=side,
+            head=head_side,
+            dtype="float32",
+            quantization=quantization,
+            device="cpu",
+            parameters=1_000_000_000,
+            head_parameters=10_000_000,
+            parameters_source="safetensors",
+            memory_bytes=4_040_000_000,
+            kv_bytes_per_token=4096,
+            bytes_to_download=1_500_000_000,
+            offline=False,
+            ready=False,
+        )
 
-    def download(self, target: str, head: str | None = None,
-                 cancel: threading.Event | None = None) -> Iterator[Any]:  # fmt: skip
+    def download(
+        self, target: str, head: str | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[Any]:
         self.calls.append(("download", (target, head)))
         for done in (0, 500_000, 1_000_000):
             yield Progress("download", done, 1_000_000, "bytes", "model.safetensors")
-        yield Downloaded(target_path=f"/cache/{target}", head_path=f"/cache/{head}" if head else None)
+        yield Downloaded(
+            target_path=f"/cache/{target}", head_path=f"/cache/{head}" if head else None
+        )
 
     def load(self, config: LoadConfig) -> Iterator[Any]:
         self.calls.append(("load", config))
@@ -183,5 +228,6 @@ class FakeBackend:
         slow, fast = summary_of(vanilla, seconds=0.8), summary_of(eagle, seconds=0.4)
         for lane, summary in (("vanilla", slow), ("eagle", fast)):
             yield RaceUpdate(lane, Finished("r", summary))  # type: ignore[arg-type]
-        yield RaceFinished(vanilla=slow, eagle=fast, speedup=2.0, identical=True,
-                           first_divergence=None)  # fmt: skip
+        yield RaceFinished(
+            vanilla=slow, eagle=fast, speedup=2.0, identical=True, first_divergence=None
+        )

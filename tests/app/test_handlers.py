@@ -28,6 +28,10 @@ def no_progress(*args, **kwargs) -> None:
     return None
 
 
+def chat_controller(backend: FakeBackend) -> ChatController:
+    return ChatController(backend, min_refresh_s=0.0, plot_refresh_s=0.0)
+
+
 @pytest.fixture(autouse=True)
 def quiet_gradio_warnings():
     with warnings.catch_warnings():  # gr.Warning outside a request falls back to warnings
@@ -37,14 +41,17 @@ def quiet_gradio_warnings():
 
 def test_chat_streams_reply_and_panel() -> None:
     backend = FakeBackend()
-    updates = list(ChatController(backend).chat("  Hi!  ", [], *SETTINGS, Session()))
+    updates = list(chat_controller(backend).chat("  Hi!  ", [], *SETTINGS, Session()))
     assert len(updates) == 1 + 4 + 1  # user message, four rounds, finished
     history, box, tokens, numbers, plot = updates[0]
     assert history == [{"role": "user", "content": "Hi!"}] and box == ""
     partial = updates[2][0][-1]["content"]
     final_history, _, tokens, numbers, plot = updates[-1]
     assert partial == "Hello there, friend"
-    assert final_history[-1] == {"role": "assistant", "content": "Hello there, friend how are you today?"}
+    assert final_history[-1] == {
+        "role": "assistant",
+        "content": "Hello there, friend how are you today?",
+    }
     assert (" there,", DRAFT_LABEL) in tokens
     assert "| last acceptance length | 4 |" in numbers and "Finished (end of reply)" in numbers
     assert plot["acceptance length"].tolist() == [3, 1, 4]
@@ -61,11 +68,13 @@ def test_chat_sends_history_settings_and_skips_error_notes() -> None:
         {"role": "assistant", "content": "⚠️ boom", "metadata": {"title": ERROR_TITLE}},
     ]
     settings = ("Be brief.", "vanilla", 0.7, 0.9, 32, False, 12, 4, 3)
-    list(ChatController(backend).chat("second", history, *settings, Session()))
+    list(chat_controller(backend).chat("second", history, *settings, Session()))
     messages, config, system = backend.calls[-1][1]
-    assert messages == [{"role": "user", "content": "first"},
-                        {"role": "assistant", "content": "answer"},
-                        {"role": "user", "content": "second"}]  # fmt: skip
+    assert messages == [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "answer"},
+        {"role": "user", "content": "second"},
+    ]
     assert system == "Be brief."
     assert config.mode == "vanilla" and config.sampling.temperature == 0.7
     assert config.sampling.top_p == 0.9
@@ -73,7 +82,7 @@ def test_chat_sends_history_settings_and_skips_error_notes() -> None:
 
 
 def test_chat_rejects_empty_message_and_bad_settings() -> None:
-    controller = ChatController(FakeBackend())
+    controller = chat_controller(FakeBackend())
     with pytest.raises(gr.Error, match="Type a message"):
         list(controller.chat("   ", [], *SETTINGS, Session()))
     bad_tree = ("", "eagle", 0.0, 1.0, 64, False, 500, 2, 2)
@@ -84,7 +93,9 @@ def test_chat_rejects_empty_message_and_bad_settings() -> None:
 def test_generation_error_is_shown_not_swallowed() -> None:
     failed = GenerationFailed("r", "no_model", "no model is loaded", "load a target first")
     backend = FakeBackend(fail_with=failed)
-    history, _, _, numbers, _ = list(ChatController(backend).chat("hi", [], *SETTINGS, Session()))[-1]
+    history, _, _, numbers, _ = list(chat_controller(backend).chat("hi", [], *SETTINGS, Session()))[
+        -1
+    ]
     assert history[-2] == {"role": "assistant", "content": "Hello"}  # the partial reply stays
     assert history[-1]["metadata"] == {"title": ERROR_TITLE}
     assert "no model is loaded" in history[-1]["content"]
@@ -94,17 +105,26 @@ def test_generation_error_is_shown_not_swallowed() -> None:
 
 def test_regenerate_replaces_the_last_reply() -> None:
     backend = FakeBackend()
-    history = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
-               {"role": "user", "content": "q2"}, {"role": "assistant", "content": "old"}]  # fmt: skip
-    final = list(ChatController(backend).regenerate(history, *SETTINGS, Session()))[-1][0]
-    assert [m["content"] for m in final] == ["q1", "a1", "q2", "Hello there, friend how are you today?"]
+    history = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "old"},
+    ]
+    final = list(chat_controller(backend).regenerate(history, *SETTINGS, Session()))[-1][0]
+    assert [m["content"] for m in final] == [
+        "q1",
+        "a1",
+        "q2",
+        "Hello there, friend how are you today?",
+    ]
     assert backend.calls[-1][1][0][-1] == {"role": "user", "content": "q2"}
     with pytest.raises(gr.Error, match="Nothing to regenerate"):
-        list(ChatController(backend).regenerate([], *SETTINGS, Session()))
+        list(chat_controller(backend).regenerate([], *SETTINGS, Session()))
 
 
 def test_stop_reaches_a_running_generation() -> None:
-    controller, session = ChatController(FakeBackend(delay_s=0.2)), Session()
+    controller, session = chat_controller(FakeBackend(delay_s=0.2)), Session()
     updates = controller.chat("hi", [], *SETTINGS, session)
     next(updates), next(updates)  # user message, first round
     threading.Timer(0.05, controller.stop, args=(session,)).start()
@@ -116,7 +136,7 @@ def test_stop_reaches_a_running_generation() -> None:
 
 def test_clear_and_baseline() -> None:
     backend, session = FakeBackend(), Session()
-    controller = ChatController(backend)
+    controller = chat_controller(backend)
     history, box, tokens, numbers, plot = controller.clear(session)
     assert history == [] and box == "" and tokens == [] and plot.empty
     assert "50.0 tokens/s" in controller.measure_baseline(session)
@@ -130,7 +150,7 @@ def test_clear_and_baseline() -> None:
 def test_race_streams_both_lanes_and_the_verdict() -> None:
     backend = FakeBackend()
     settings = ("", 0.0, 1.0, 64, True, 16, 5, 4)
-    updates = list(RaceController(backend).race("Why?", *settings, Session()))
+    updates = list(RaceController(backend, 0.0, 0.0).race("Why?", *settings, Session()))
     assert len(updates) > 3
     vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, plot = updates[-1]
     assert "".join(t for t, _ in vanilla_text) == "".join(t for t, _ in eagle_text)
@@ -141,14 +161,21 @@ def test_race_streams_both_lanes_and_the_verdict() -> None:
     assert set(plot["lane"]) == {"vanilla", "EAGLE"}
     assert backend.calls[-1][1][0] == [{"role": "user", "content": "Why?"}]
     with pytest.raises(gr.Error):
-        list(RaceController(backend).race(" ", *settings, Session()))
+        list(RaceController(backend, 0.0, 0.0).race(" ", *settings, Session()))
 
 
 def test_model_manager_select_plan_download_load() -> None:
     backend = FakeBackend()
     controller = ModelsController(backend)
     target, head, dtype, total, depth, top_k, details = controller.select_pair("gated-pair")
-    assert (target, head, dtype, total, depth, top_k) == ("org/target", "org/head", "float16", 60, 6, 10)
+    assert (target, head, dtype, total, depth, top_k) == (
+        "org/target",
+        "org/head",
+        "float16",
+        60,
+        6,
+        10,
+    )
     assert "Gated target" in details and "14.30 GB" in details
     assert "Hub repo ids" in controller.select_pair(CUSTOM)[-1]
     assert "**To download:** 1.5 GB" in controller.check_plan(" org/target ", "", "auto", "8bit")
@@ -156,7 +183,9 @@ def test_model_manager_select_plan_download_load() -> None:
     assert "enter a target" in controller.check_plan("", "", "auto", "none")
 
     seen: list[tuple] = []
-    statuses = list(controller.download("org/target", "org/head", Session(), lambda *a, **k: seen.append(a)))
+    statuses = list(
+        controller.download("org/target", "org/head", Session(), lambda *a, **k: seen.append(a))
+    )
     assert "download: 500.0 KB / 1.0 MB (50%)" in statuses[1]
     assert statuses[-1].startswith("✅ Downloaded: `/cache/org/target` and `/cache/org/head`")
     assert seen[-1] == (1.0,)
@@ -202,9 +231,16 @@ def test_startup_pair_and_missing_demo(tmp_path) -> None:
     config, selected, notice = startup_pair(backend, _args())
     assert selected == "demo" and config.target == "/x/demo/target" and notice == DEMO_MISSING
     assert "make-demo-target" in notice
-    config, selected, notice = startup_pair(backend, _args(target="org/t", head="org/h", quantize="8bit"))
+    config, selected, notice = startup_pair(
+        backend, _args(target="org/t", head="org/h", quantize="8bit")
+    )
     assert (config.target, config.head, config.quantization, selected, notice) == (
-        "org/t", "org/h", "8bit", None, "")  # fmt: skip
+        "org/t",
+        "org/h",
+        "8bit",
+        None,
+        "",
+    )
 
 
 def test_exposure_needs_auth() -> None:
@@ -219,4 +255,3 @@ def test_exposure_needs_auth() -> None:
     for bad in ("alice", ":pw", "alice:"):
         with pytest.raises(ConfigError, match="USER:PASS"):
             parse_auth(bad)
-

@@ -11,8 +11,16 @@ import pytest
 
 APP = Path(__file__).resolve().parents[2] / "app"
 ALLOWED_BACKEND = {"backend.api", "backend.events", "backend.config", "backend.errors"}
-FORBIDDEN_TOP = {"torch", "transformers", "models", "huggingface_hub", "accelerate",
-                 "bitsandbytes", "safetensors", "tokenizers"}  # fmt: skip
+FORBIDDEN_TOP = {
+    "torch",
+    "transformers",
+    "models",
+    "huggingface_hub",
+    "accelerate",
+    "bitsandbytes",
+    "safetensors",
+    "tokenizers",
+}
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -39,5 +47,7 @@ def test_app_imports_only_the_backend_facade(path: Path) -> None:
 
 def test_the_checker_catches_a_bad_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("import torch\nfrom backend.engine.loop import generate\nfrom backend import api\n")
+    bad.write_text(
+        "import torch\nfrom backend.engine.loop import generate\nfrom backend import api\n"
+    )
     assert imported_modules(bad) == ["torch", "backend.engine.loop", "backend", "backend.api"]

@@ -38,8 +38,14 @@ from tests.app.fakes import FakeBackend, make_info, scripted_rounds, summary_of
 
 
 def test_spans_become_labelled_pieces_with_adjacent_sources_merged() -> None:
-    spans = [TextSpan("Hel", "target"), TextSpan("lo", "target"), TextSpan(" wo", "draft"),
-             TextSpan("", "draft"), TextSpan("rld", "draft"), TextSpan("!", "target")]  # fmt: skip
+    spans = [
+        TextSpan("Hel", "target"),
+        TextSpan("lo", "target"),
+        TextSpan(" wo", "draft"),
+        TextSpan("", "draft"),
+        TextSpan("rld", "draft"),
+        TextSpan("!", "target"),
+    ]
     assert highlight_spans(spans) == [
         ("Hello", TARGET_LABEL),
         (" world", DRAFT_LABEL),
@@ -72,10 +78,15 @@ def test_stats_markdown_shows_every_number_and_the_final_state() -> None:
     rounds = scripted_rounds()
     stats = fold([*rounds, Finished("r", summary_of(rounds, "max_new_tokens"))])
     text = stats_markdown(stats)
-    for expected in ("| tokens/s | 22.5 |", "| time to first token | 100 ms |",
-                     "| avg acceptance length (τ) | 2.67 |", "| last acceptance length | 4 |",
-                     "| tokens per target forward | 2.25 |", "| new tokens / rounds | 9 / 3 |",
-                     "Finished (max new tokens reached)"):  # fmt: skip
+    for expected in (
+        "| tokens/s | 22.5 |",
+        "| time to first token | 100 ms |",
+        "| avg acceptance length (τ) | 2.67 |",
+        "| last acceptance length | 4 |",
+        "| tokens per target forward | 2.25 |",
+        "| new tokens / rounds | 9 / 3 |",
+        "Finished (max new tokens reached)",
+    ):
         assert expected in text, expected
     assert "baseline" not in text
     with_baseline = stats_markdown(stats, baseline_tps=10.0)
@@ -107,8 +118,13 @@ def _race(vanilla_text: str, eagle_text: str, divergence: int | None, stop: str 
     base = summary_of(rounds, stop)
     vanilla = dataclasses.replace(base, text=vanilla_text, tokens_per_s=40.0)
     eagle = dataclasses.replace(base, text=eagle_text, tokens_per_s=100.0)
-    return RaceFinished(vanilla=vanilla, eagle=eagle, speedup=2.5,
-                        identical=divergence is None, first_divergence=divergence)  # fmt: skip
+    return RaceFinished(
+        vanilla=vanilla,
+        eagle=eagle,
+        speedup=2.5,
+        identical=divergence is None,
+        first_divergence=divergence,
+    )
 
 
 def test_race_verdict_identical() -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,7 @@ from backend.events import Finished, Loaded
 from backend.services.openai_api import ServerHandle, start_openai_server
 from tests.services.conftest import SavedPairs, greedy
 
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = {
     "model": "anything",
     "messages": [{"role": "user", "content": "hello world"}],
@@ -166,3 +171,25 @@ def test_unknown_route_is_a_json_404(empty_server: ServerHandle) -> None:
 def test_binds_loopback_by_default(empty_server: ServerHandle) -> None:
     assert empty_server.url.startswith("http://127.0.0.1:")
     assert empty_server.server.server_address[0] == "127.0.0.1"
+
+
+def test_serve_api_cli_glue(saved_pairs: SavedPairs) -> None:
+    """``serve-api`` loads the pair, prints its URL and answers on loopback until stopped."""
+    script = (
+        "import argparse, sys; from backend.services import openai_api as m; "
+        "p = argparse.ArgumentParser(); m.add_arguments(p); sys.exit(m.run(p.parse_args()))"
+    )
+    args = ["--target", str(saved_pairs.target), "--head", str(saved_pairs.head), "--port", "0"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        assert "OpenAI-compatible API at http://127.0.0.1:" in line, line
+        url = line.split(" at ")[1].split("/v1")[0]
+        status, body = post(url, REQUEST)
+        assert status == 200 and body["eaglechat"]["mode"] == "eagle"
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -24,10 +24,15 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--no-first-run",
-]  # fmt: skip
+]
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 README_SCREENSHOT = ROOT / "assets" / "screenshot.png"
@@ -156,8 +161,18 @@ def test_race_shows_both_speeds_and_identity(page) -> None:
     )
     verdict = page.inner_text("#race-verdict")
     assert "Identical output" in verdict
-    assert float(re.search(r"vanilla: ([\d.]+) tokens/s", page.inner_text("#race-vanilla-stats")).group(1)) > 0  # fmt: skip
-    assert float(re.search(r"EAGLE: ([\d.]+) tokens/s", page.inner_text("#race-eagle-stats")).group(1)) > 0  # fmt: skip
+    assert (
+        float(
+            re.search(r"vanilla: ([\d.]+) tokens/s", page.inner_text("#race-vanilla-stats")).group(
+                1
+            )
+        )
+        > 0
+    )
+    assert (
+        float(re.search(r"EAGLE: ([\d.]+) tokens/s", page.inner_text("#race-eagle-stats")).group(1))
+        > 0
+    )
     assert page.locator("#race-eagle-text .token").count() > 0
     page.screenshot(path=ARTIFACTS / "race.png", full_page=True)
 
