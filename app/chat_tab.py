@@ -144,8 +144,9 @@ class ChatController:
     ) -> Iterator[tuple[Any, ...]]:
         """Outputs, in order: chatbot, message box, then the panel's three values."""
         cancel = session.start("chat")
-        baseline = session.baseline_for(self.backend.status().loaded)
-        stats = LiveStats()
+        status = self.backend.status()
+        baseline = session.baseline_for(status.loaded)
+        stats = LiveStats(waiting=status.busy)
         yield [*history], "", *panel_values(stats, baseline, config.mode)
         events = self.backend.stream(
             backend_messages(history),

@@ -85,7 +85,8 @@ class RaceController:
         )
         cancel = session.start("race")
         lanes = {"vanilla": LiveStats(), "eagle": LiveStats()}
-        verdict = "Racing…"
+        busy = self.backend.status().busy
+        verdict = "Waiting for the model: another request is running…" if busy else "Racing…"
         yield race_values(lanes["vanilla"], lanes["eagle"], verdict)
         events = self.backend.race(
             [{"role": "user", "content": text}],
@@ -98,6 +99,7 @@ class RaceController:
             final = isinstance(event, (RaceFinished, GenerationFailed))
             if isinstance(event, RaceUpdate):
                 lanes[event.lane].update(event.event)
+                verdict = "Racing…" if verdict.startswith("Waiting") else verdict
             elif isinstance(event, RaceFinished):
                 verdict = race_verdict_markdown(event, float(temperature))
             elif isinstance(event, GenerationFailed):

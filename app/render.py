@@ -74,8 +74,10 @@ class LiveStats:
     progress: list[tuple[float, int]] = field(default_factory=list)  # (elapsed_s, new_tokens)
     summary: GenerationSummary | None = None
     error: GenerationFailed | None = None
+    waiting: bool = False  # queued behind another job on the model
 
     def update(self, event: Any) -> None:
+        self.waiting = False
         if isinstance(event, Started):
             return
         if isinstance(event, RoundCompleted):
@@ -182,6 +184,8 @@ def _status_line(stats: LiveStats) -> str:
         if stats.summary.hint:
             line += f" {stats.summary.hint}"
         return line
+    if stats.waiting:
+        return "Waiting for the model: another request is running…"
     return "Generating…" if stats.new_tokens else ""
 
 

@@ -80,6 +80,7 @@ class EagleDrafter:
         first = root_logp.topk(width)
         cand_tokens, cand_scores = [first.indices], [first.values]
         cand_parents = [torch.full((width,), -1, device=self.device)]
+        cand_depths = [torch.ones(width, dtype=torch.long, device=self.device)]
         frontier = torch.arange(width, device=self.device)  # global candidate indices
         frontier_scores = first.values
         frontier_hidden = self._root_hidden.expand(1, width, -1)
@@ -95,6 +96,7 @@ class EagleDrafter:
             cand_tokens.append(top.indices.flatten())
             cand_scores.append(scores)
             cand_parents.append(frontier.repeat_interleave(width))
+            cand_depths.append(torch.full_like(scores, depth + 1, dtype=torch.long))
             best = scores.topk(width).indices  # next frontier among F*k children
             parent_slot = best // width
             frontier = num_candidates + best
@@ -112,6 +114,7 @@ class EagleDrafter:
             root_token,
             torch.cat(cand_tokens)[chosen],
             torch.cat(cand_parents)[chosen],
+            torch.cat(cand_depths)[chosen],
             chosen,
             num_candidates,
         )
@@ -122,28 +125,28 @@ class EagleDrafter:
         hidden = self._root_hidden
         level_logp = self._log_probs(hidden)  # [1, Vd] for the root
         tree_mask = torch.zeros(1, 0, dtype=torch.bool, device=self.device)
-        tokens, parents = [], []
+        tokens, parents, depths = [], [], []
         previous_first = 0  # node index of the previous level's first node (root = 0)
+        next_first = 1
         for level_index, level in enumerate(levels):
             slots = torch.tensor([s for s, _ in level], device=self.device)
             ranks = torch.tensor([r for _, r in level], device=self.device)
             max_rank = int(ranks.max()) + 1
             top_ids = level_logp.topk(min(max_rank, level_logp.shape[-1]), dim=-1).indices
             level_tokens = top_ids[slots, ranks.clamp(max=top_ids.shape[-1] - 1)]
-            first_index = 1 + len(tokens)
             tokens.append(level_tokens)
             parents.append(slots + previous_first)
-            previous_first = first_index
+            depths.append(torch.full_like(slots, level_index + 1))
+            previous_first, next_first = next_first, next_first + len(level)
             if level_index + 1 < len(levels):
                 parent_hidden = hidden[:, slots]
                 hidden, level_logp, tree_mask = self._expand(
                     parent_hidden, level_tokens, level_index + 1, tree_mask[slots]
                 )
-        flat_tokens = torch.cat(tokens)
-        flat_parents = torch.cat(parents)
         return DraftTree.from_parents(
-            torch.cat([self._tokens([root_token]), self.head.to_target_ids(flat_tokens)]),
-            torch.cat([torch.tensor([-1], device=self.device), flat_parents]),
+            torch.cat([self._tokens([root_token]), self.head.to_target_ids(torch.cat(tokens))]),
+            torch.cat([torch.tensor([-1], device=self.device), torch.cat(parents)]),
+            torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), torch.cat(depths)]),
         )
 
     def _expand(
@@ -175,6 +178,7 @@ class EagleDrafter:
         root_token: int,
         draft_ids: torch.Tensor,  # [n] chosen candidates' draft ids
         global_parents: torch.Tensor,  # [n] candidate index of each parent (-1 = root)
+        depths: torch.Tensor,  # [n] depth of each chosen candidate
         chosen: torch.Tensor,  # [n] ascending candidate indices
         num_candidates: int,
     ) -> DraftTree:
@@ -184,6 +188,7 @@ class EagleDrafter:
         return DraftTree.from_parents(
             torch.cat([self._tokens([root_token]), self.head.to_target_ids(draft_ids)]),
             torch.cat([torch.tensor([-1], device=self.device), parents]),
+            torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), depths]),
         )
 
     # ---- 3. after verification ------------------------------------------------------------

@@ -41,16 +41,21 @@ class DraftTree:
         )
 
     @classmethod
-    def from_parents(cls, token_ids: torch.Tensor, parents: torch.Tensor) -> DraftTree:
-        """Derive depths and the ancestor matrix from parent links (parents precede children)."""
+    def from_parents(
+        cls, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor | None = None
+    ) -> DraftTree:
+        """Derive depths (unless given) and the ancestor matrix from parent links; parents
+        precede children. With depths given the work is one tensor step per tree level."""
         size = token_ids.numel()
         device = token_ids.device
-        depths = torch.zeros(size, dtype=torch.long, device=device)
         ancestors = torch.eye(size, dtype=torch.bool, device=device)
-        for index in range(1, size):  # N <= a few dozen; runs once per round
-            parent = int(parents[index])
-            depths[index] = depths[parent] + 1
-            ancestors[index] |= ancestors[parent]
+        if depths is None:
+            depths = torch.zeros(size, dtype=torch.long, device=device)
+            for index, parent in enumerate(parents.tolist()[1:], start=1):
+                depths[index] = depths[parent] + 1
+        for depth in range(1, int(depths.max()) + 1 if size > 1 else 1):
+            level = (depths == depth).nonzero().flatten()
+            ancestors[level] |= ancestors[parents[level]]
         return cls(token_ids=token_ids, parents=parents, depths=depths, ancestors=ancestors)
 
     def children(self) -> list[list[int]]:

@@ -65,6 +65,13 @@ def test_stop_cancels_the_running_reply(client: Client) -> None:
     assert 0 < produced < 450
 
 
+def test_model_is_free_after_the_client_tests(live_app: LiveApp) -> None:
+    deadline = time.monotonic() + 5
+    while live_app.backend.status().busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not live_app.backend.status().busy
+
+
 def test_race_reports_both_speeds_and_identity(client: Client) -> None:
     job = client.submit("Tell me a story", api_name="/race", max_new_tokens=80)
     partials = [output for output in job]

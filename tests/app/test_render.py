@@ -100,6 +100,10 @@ def test_empty_stats_render_placeholders() -> None:
     assert "| avg acceptance length (τ) | – |" in text
     assert "| last acceptance length | – |" in text
     assert acceptance_frame(LiveStats()).empty
+    waiting = LiveStats(waiting=True)
+    assert "Waiting for the model" in stats_markdown(waiting)
+    waiting.update(Started("r", "eagle", 3))
+    assert "Waiting" not in stats_markdown(waiting)
 
 
 def test_acceptance_and_race_frames() -> None:

@@ -14,11 +14,15 @@ from tests.factories import easy_llama_pair
 
 
 @pytest.mark.parametrize(
-    "tree",
-    [TreeConfig(), TreeConfig(total_tokens=9, depth=8, top_k=1), TreeConfig(shape="static")],
+    "tree, partial",
+    [
+        (TreeConfig(), True),
+        (TreeConfig(total_tokens=9, depth=8, top_k=1), True),
+        (TreeConfig(shape="static"), False),  # depth 5: this pair often gets all of it right
+    ],
     ids=["dynamic", "chain", "static"],
 )
-def test_tau_above_1_5_with_identical_output(tree: TreeConfig) -> None:
+def test_tau_above_1_5_with_identical_output(tree: TreeConfig, partial: bool) -> None:
     target, head = easy_llama_pair()
     runner, drafter = make_runner(target, head)
     for prompt in ([1, 2, 3, 4], [9, 8, 7, 30, 31, 5]):
@@ -29,7 +33,8 @@ def test_tau_above_1_5_with_identical_output(tree: TreeConfig) -> None:
         assert eagle.rounds < vanilla.rounds / 1.5  # fewer target forwards
         lengths = Counter(eagle.accept_lengths)
         assert any(a > 1 for a in lengths), lengths  # multi-token acceptance
-        assert any(a < tree.depth for a in lengths), lengths  # partial acceptance happens
+        if partial:
+            assert any(0 < a < tree.depth for a in lengths), lengths  # paths end inside the tree
         # per-round events add up to the summary
         assert sum(len(r.token_ids) for r in rounds) == eagle.new_tokens
         assert sum(r.num_accepted_drafts for r in rounds) == sum(eagle.accept_lengths)

@@ -96,3 +96,31 @@ def test_sampling_rule_is_exact_for_one_node(top_p: float) -> None:
         counts[sample_accept(tree, logits, sampling, generator).token_ids[0]] += 1
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum()
     assert tv < 0.03, float(tv)
+
+
+def test_drafted_trees_have_the_configured_shape() -> None:
+    """Static trees follow EAGLE-1's widths 4/8/8/3/2 with every node one level below its
+    parent; dynamic trees have exactly total_tokens nodes with parents before children."""
+    from backend.config import TreeConfig
+    from backend.engine.tree import EAGLE1_STATIC_PATHS
+    from tests.engine.helpers import make_runner
+    from tests.factories import tiny_head, tiny_target
+
+    target = tiny_target("llama", num_layers=8)
+    runner, drafter = make_runner(target, tiny_head("eagle1", target))
+    prompt = torch.tensor([3, 4, 5, 6])
+    cache = runner.new_cache()
+    drafter.begin(prompt, 7, runner.prefill(prompt, cache, with_features=True).features)
+    static = drafter.propose(7, TreeConfig(shape="static"))
+    assert static.size == 1 + len(EAGLE1_STATIC_PATHS)
+    assert torch.bincount(static.depths).tolist() == [1, 4, 8, 8, 3, 2]
+    assert (static.depths[1:] == static.depths[static.parents[1:]] + 1).all()
+    for config in (
+        TreeConfig(total_tokens=16, depth=5, top_k=4),
+        TreeConfig(total_tokens=9, depth=8, top_k=1),
+    ):
+        tree = drafter.propose(7, config)
+        assert tree.size == config.total_tokens
+        assert (tree.parents[1:] < torch.arange(1, tree.size)).all()
+        assert (tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all()
+        assert int(tree.depths.max()) <= config.depth
