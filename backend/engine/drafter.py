@@ -162,12 +162,10 @@ class EagleDrafter:
         tree_mask = torch.cat(
             [tree_mask, torch.eye(count, dtype=torch.bool, device=self.device)], dim=1
         )
-        allowed = torch.cat(
-            [torch.ones(count, self._committed, dtype=torch.bool, device=self.device), tree_mask],
-            dim=1,
+        bias = torch.zeros(
+            count, self._committed + tree_mask.shape[1], dtype=self.dtype, device=self.device
         )
-        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        bias[:, self._committed :].masked_fill_(~tree_mask, torch.finfo(self.dtype).min)
         positions = torch.full((1, count), self._committed - 1 + depth, device=self.device)
         target_ids = self.head.to_target_ids(tokens)[None]
         hidden = self.head(parent_hidden, target_ids, positions, bias[None, None], self._cache)
