@@ -7,10 +7,12 @@ target on the same prompts, interleaved prompt by prompt so machine drift hits a
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,6 +110,21 @@ def run_prompt_lookup(pair: LoadedPair, ids: list[int], config: GenerationConfig
     return MethodRun("prompt_lookup", new, seconds, ttft_s=0.0, rounds=0, accept_lengths=())
 
 
+def machine_description() -> str:
+    """CPU model, core count and torch threads (and the GPU name when one is used)."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    text = f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    if torch.cuda.is_available():
+        text += f", {torch.cuda.get_device_name(0)}"
+    return text
+
+
 def run_bench(
     pair: LoadedPair,
     prompts: list[BenchPrompt],
@@ -146,7 +163,7 @@ def run_bench(
     settings = {
         "target": pair.target_path, "head": pair.head_path, "head_kind": pair.info.head_kind,
         "device": str(pair.runner.device), "dtype": pair.info.dtype,
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": machine_description(),
         "temperature": temperature, "max_new_tokens": max_new_tokens,
         "tree": "auto" if tree.auto else f"{tree.total_tokens}/{tree.depth}/{tree.top_k} {tree.shape}",
         "num_prompts": len(prompts), "torch": torch.__version__,

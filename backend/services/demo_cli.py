@@ -29,35 +29,37 @@ DEMO = ROOT / "assets" / "demo"
 WORK = ROOT / "work" / "demo-heads"
 HEAD_SETTINGS = {
     # kind: extra train-head flags
-    "eagle1": ["--epochs", "4", "--lr", "1e-3"],
-    "eagle3": ["--epochs", "3", "--lr", "1e-3", "--ttt-steps", "5", "--draft-vocab-size", "2048"],
+    "eagle1": ["--epochs", "6", "--lr", "1e-3"],
+    "eagle3": ["--epochs", "5", "--lr", "1e-3", "--ttt-steps", "5", "--draft-vocab-size", "2048"],
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--prompts", type=int, default=1500, help="prompts answered by the target")
+    parser.add_argument("--prompts", type=int, default=3000, help="prompts answered by the target")
     parser.add_argument("--reply-tokens", type=int, default=128, help="max tokens per reply")
     parser.add_argument("--rebuild-target", action="store_true")
     parser.add_argument("--target-minutes", type=float, default=70.0)
     parser.add_argument("--kinds", default="eagle1,eagle3")
     parser.add_argument("--resume", action="store_true", help="continue interrupted head runs")
+    parser.add_argument("--work", default=str(WORK), help="folder for data, runs and logs")
 
 
 def run(args: argparse.Namespace) -> int:
     target = DEMO / "target"
     if args.rebuild_target or not (target / "config.json").is_file():
         build_target(args.target_minutes)
-    data = WORK / "data.jsonl"
+    work = Path(args.work)
+    data = work / "data.jsonl"
     if not data.is_file():
         make_head_data(target, Path(args.data_dir), args.prompts, args.reply_tokens, data)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in HEAD_SETTINGS]
     if unknown:
         raise ConfigError(f"unknown head kinds: {', '.join(unknown)}")
-    train_heads(target, data, kinds, args.resume)
+    train_heads(target, data, kinds, args.resume, work)
     for kind in kinds:
-        export_head(WORK / kind, DEMO / f"head-{kind}")
+        export_head(work / kind, DEMO / f"head-{kind}")
     print(f"demo pair ready in {DEMO}")
     return 0
 
@@ -91,23 +93,23 @@ def make_head_data(target: Path, data_dir: Path, count: int, reply_tokens: int, 
     write_sharegpt(conversations, out)
 
 
-def train_heads(target: Path, data: Path, kinds: list[str], resume: bool) -> None:
+def train_heads(target: Path, data: Path, kinds: list[str], resume: bool, work: Path) -> None:
     """One train-head process per kind, side by side, one thread each."""
     processes = []
     for kind in kinds:
         command = [
             sys.executable, str(ROOT / "launch.py"), "train-head", "--target", str(target),
-            "--data", str(data), "--kind", kind, "--out", str(WORK / kind), "--batch-size", "8",
+            "--data", str(data), "--kind", kind, "--out", str(work / kind), "--batch-size", "8",
             "--max-length", "512", "--eval-prompts", "16", "--checkpoint-every", "100",
             *HEAD_SETTINGS[kind], *(["--resume"] if resume else []),
         ]  # fmt: skip
-        log = (WORK / f"{kind}.log").open("w")
+        log = (work / f"{kind}.log").open("w")
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         processes.append((kind, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                  env={**_environ(), **env})))  # fmt: skip
     failed = [kind for kind, process in processes if process.wait() != 0]
     if failed:
-        raise ConfigError(f"head training failed for {', '.join(failed)}; see {WORK}/<kind>.log")
+        raise ConfigError(f"head training failed for {', '.join(failed)}; see {work}/<kind>.log")
 
 
 def export_head(trained: Path, destination: Path) -> None:
