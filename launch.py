@@ -19,6 +19,7 @@ import sys
 
 # subcommand -> (module, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "app": ("app.main", "the web app: streaming chat, EAGLE-vs-vanilla race, model manager"),
     "generate": ("backend.services.generate_cli", "generate one reply from a prompt"),
     "download": ("backend.services.hub_cli", "download a target/head pair from the Hub"),
     "bench": ("backend.bench.cli", "benchmark vanilla vs EAGLE vs prompt lookup"),
@@ -52,14 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def with_default_command(argv: list[str]) -> list[str]:
+    """No subcommand means the app: ``launch.py --port 7861`` is ``launch.py app --port 7861``."""
+    if any(arg in SUBCOMMANDS or arg in ("-h", "--help") for arg in argv):
+        return argv
+    leading = 0
+    while leading < len(argv) and argv[leading] in ("-v", "--verbose", "-vv", "-vvv"):
+        leading += 1
+    return [*argv[:leading], "app", *argv[leading:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
     configure_logging(args.verbose)
-    if args.command is None:
-        parser.print_help()
-        return 0
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     from backend.errors import EagleChatError
 

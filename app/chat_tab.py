@@ -34,7 +34,7 @@ from backend.events import GenerationFailed, Started
 logger = logging.getLogger(__name__)
 
 _SAMPLING = SamplingConfig()
-ERROR_TITLE = "⚠️ Error"  # metadata title of error notes, which are never sent to the model
+ERROR_TITLE = "⚠ Error"  # metadata title of error notes, which are never sent to the model
 BASELINE_HELP = "Vanilla baseline: not measured yet for this model."
 
 ChatMessage = dict[str, Any]
@@ -143,7 +143,7 @@ class ChatController:
         session: Session,
     ) -> Iterator[tuple[Any, ...]]:
         """Outputs, in order: chatbot, message box, then the panel's three values."""
-        cancel = session.start("chat")
+        run = session.start("chat")
         status = self.backend.status()
         baseline = session.baseline_for(status.loaded)
         stats = LiveStats(waiting=status.busy)
@@ -152,10 +152,13 @@ class ChatController:
             backend_messages(history),
             config,
             system_prompt=(system_prompt or "").strip() or None,
-            cancel=cancel,
+            cancel=run.cancel,
         )
         pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
         for event in events:
+            if run.discarded:  # cleared: leave the empty chat alone and free the model now
+                events.close()
+                return
             stats.update(event)
             if isinstance(event, Started) or not pacer.due(final=stats.done):
                 continue
@@ -179,7 +182,7 @@ class ChatController:
             logger.info("chat generation stopped by the user")
 
     def clear(self, session: Session) -> tuple[Any, ...]:
-        session.stop("chat")
+        session.stop("chat", discard=True)
         return [], "", *panel_values(LiveStats())
 
     def measure_baseline(self, session: Session) -> str:

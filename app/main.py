@@ -37,10 +37,9 @@ DEFAULT_PORT = 7860
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEMO_MISSING = (
     "**The bundled demo pair is not built yet** (`assets/demo/target`, "
-    "`assets/demo/head-eagle3`). Build it offline with `python launch.py make-demo-target` "
-    "(the target), then `python launch.py train-head --target assets/demo/target --kind eagle3 "
-    "--data <chat data> --out assets/demo/head-eagle3` (its EAGLE-3 head); or pick another "
-    "pair below, download it and press **Load**."
+    "`assets/demo/head-eagle3`). Build it offline with `python launch.py make-demo` (trains the "
+    "small target if missing, then its EAGLE heads), then restart; or pick another pair below, "
+    "press **Download** and **Load**."
 )
 
 
@@ -54,10 +53,10 @@ def build_app(
     """All tabs over one backend. ``initial``/``selected`` pre-fill the model manager with the
     pair loaded at start; ``notice`` is shown at the top of the manager (e.g. demo missing)."""
     try:
-        pair_names = [pair.name for pair in backend.catalog()]
+        pairs = backend.catalog()
     except EagleChatError as err:
         logger.warning("catalog unreadable: %s", err)
-        pair_names, notice = (
+        pairs, notice = (
             [],
             f"{notice}\n\n{error_markdown(LoadFailed(err.code, err.message, err.hint))}",
         )
@@ -74,7 +73,7 @@ def build_app(
             with gr.Tab("EAGLE vs vanilla", id="race"):
                 race = build_race_tab()
             with gr.Tab("Models", id="models"):
-                models = build_models_tab(pair_names, initial, selected, notice)
+                models = build_models_tab(pairs, initial, selected, notice)
         wire_chat_tab(chat, backend, session, models.tree)
         wire_race_tab(race, backend, session, models.tree)
         controller = wire_models_tab(models, backend, session, header)

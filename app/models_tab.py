@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from app.render import (
     pair_info_markdown,
     pair_markdown,
     plan_markdown,
-    progress_fraction,
+    progress_html,
     progress_text,
 )
 from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Session
@@ -39,10 +39,6 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]
 QUANTIZATIONS = [("none", "none"), ("8-bit", "8bit"), ("4-bit", "4bit")]
 MAX_PROGRESS_LINES = 6
 _TREE = TreeConfig()  # slider defaults come from backend/config.py, defined once there
-
-ProgressFn = Callable[..., Any]
-# Gradio spots a progress parameter by its default and swaps in a fresh tracker per call.
-PROGRESS = gr.Progress()
 
 
 @dataclass
@@ -82,23 +78,26 @@ class ModelsTab:
     stop_download_button: gr.Button
     load_button: gr.Button
     unload_button: gr.Button
+    progress: gr.HTML
     status: gr.Markdown
 
 
 def build_models_tab(
-    pair_names: list[str], initial: LoadConfig | None, selected: str | None, notice: str
+    pairs: list[Any], initial: LoadConfig | None, selected: str | None, notice: str
 ) -> ModelsTab:
-    """Render the manager; ``initial`` pre-fills the fields with the pair loaded at start."""
+    """Render the manager; ``initial`` pre-fills the fields with the pair loaded at start and
+    ``selected`` names its catalog entry (PairSpec objects from ``Backend.catalog()``)."""
+    chosen = next((pair for pair in pairs if pair.name == selected), None)
     notice_md = gr.Markdown(notice, visible=bool(notice), elem_id="models-notice")
     with gr.Row():
         with gr.Column(scale=3):
             pair = gr.Dropdown(
-                choices=[*pair_names, CUSTOM],
-                value=selected or CUSTOM,
+                choices=[*(pair.name for pair in pairs), CUSTOM],
+                value=chosen.name if chosen else CUSTOM,
                 label="Catalog pair",
                 elem_id="models-pair",
             )
-            details = gr.Markdown(elem_id="models-details")
+            details = gr.Markdown(pair_markdown(chosen) if chosen else "", elem_id="models-details")
             target = gr.Textbox(
                 label="Target model (Hub id org/name or local folder)",
                 value=initial.target if initial else "",
@@ -140,6 +139,7 @@ def build_models_tab(
         load_button = gr.Button("Load", variant="primary", elem_id="models-load-btn")
         unload_button = gr.Button("Unload", elem_id="models-unload-btn")
     plan = gr.Markdown(label="Plan", elem_id="models-plan")
+    progress = gr.HTML(elem_id="models-progress")  # a native <progress> bar, see render.py
     status = gr.Markdown(label="Status", elem_id="models-status")
     return ModelsTab(
         notice=notice_md,
@@ -156,6 +156,7 @@ def build_models_tab(
         stop_download_button=stop_download_button,
         load_button=load_button,
         unload_button=unload_button,
+        progress=progress,
         status=status,
     )
 
@@ -199,74 +200,65 @@ class ModelsController:
         except EagleChatError as err:
             return error_markdown(LoadFailed(err.code, err.message, err.hint))
 
-    def download(
-        self, target: str, head: str, session: Session, progress: ProgressFn = PROGRESS
-    ) -> Iterator[str]:
+    def download(self, target: str, head: str, session: Session) -> Iterator[tuple[str, str]]:
+        """Fetch what is missing; yields (progress bar, status) as bytes arrive."""
         target, head_or_none = _clean(target), _clean(head) or None
         if not target:
             raise gr.Error("Enter a target model first.")
-        cancel = session.start("download")
+        run = session.start("download")
         lines: list[str] = []
-        for event in self.backend.download(target, head_or_none, cancel=cancel):
+        for event in self.backend.download(target, head_or_none, cancel=run.cancel):
             if isinstance(event, Progress):
-                _report(progress, event, lines)
-                yield _progress_markdown("Downloading…", lines)
+                _remember(event, lines)
+                yield progress_html(event), _progress_markdown("Downloading…", lines)
             elif isinstance(event, Downloaded):
                 where = f"`{event.target_path}`" + (
                     f" and `{event.head_path}`" if event.head_path else ""
                 )
-                yield f"✅ Downloaded: {where}. Press **Load** to use it."
+                done = Progress("download", 1, 1, "steps", "complete")
+                yield progress_html(done), f"✓ Downloaded: {where}. Press **Load** to use it."
             elif isinstance(event, LoadFailed):
                 gr.Warning(error_text(event))
-                yield error_markdown(event)
+                yield "", error_markdown(event)
 
     def stop_download(self, session: Session) -> None:
         session.stop("download")
 
     def load(
-        self,
-        target: str,
-        head: str,
-        dtype: str,
-        quantization: str,
-        progress: ProgressFn = PROGRESS,
-    ) -> Iterator[tuple[str, str]]:
-        """Load (downloading what is missing); yields (status, header) Markdown pairs."""
+        self, target: str, head: str, dtype: str, quantization: str
+    ) -> Iterator[tuple[str, str, str]]:
+        """Load (downloading what is missing); yields (progress bar, status, header)."""
         try:
             config = LoadConfig(
                 target=_clean(target),
                 head=_clean(head) or None,
-                dtype=dtype,
-                quantization=quantization,
-            )  # type: ignore[arg-type]
+                dtype=dtype,  # type: ignore[arg-type]
+                quantization=quantization,  # type: ignore[arg-type]
+            )
         except EagleChatError as err:
             raise gr.Error(error_text(LoadFailed(err.code, err.message, err.hint))) from err
         started = time.perf_counter()
         lines: list[str] = []
         for event in self.backend.load(config):
             if isinstance(event, Progress):
-                _report(progress, event, lines)
-                yield _progress_markdown(f"Loading `{config.target}`…", lines), gr.skip()
+                _remember(event, lines)
+                status = _progress_markdown(f"Loading `{config.target}`…", lines)
+                yield progress_html(event), status, gr.skip()
             elif isinstance(event, Loaded):
                 seconds = time.perf_counter() - started
-                yield (
-                    f"✅ Loaded in {seconds:.1f} s.\n\n{pair_info_markdown(event.info)}",
-                    self.header(),
-                )
+                done = Progress("load", 1, 1, "steps", "ready")
+                status = f"✓ Loaded in {seconds:.1f} s.\n\n{pair_info_markdown(event.info)}"
+                yield progress_html(done), status, self.header()
             elif isinstance(event, LoadFailed):
                 gr.Warning(error_text(event))
-                yield error_markdown(event), self.header()
+                yield "", error_markdown(event), self.header()
 
-    def unload(self) -> tuple[str, str]:
+    def unload(self) -> tuple[str, str, str]:
         self.backend.unload()
-        return "Unloaded: no model in memory.", self.header()
+        return "", "Unloaded: no model in memory.", self.header()
 
     def header(self) -> str:
-        status = self.backend.status()
-        text = pair_info_markdown(status.loaded)
-        if status.busy:
-            text += f" · busy, {status.queued} waiting" if status.queued else " · busy"
-        return text
+        return pair_info_markdown(self.backend.status().loaded)
 
     def refresh(self) -> tuple[str, str]:
         """Status and header on page load (the model may have changed in another tab)."""
@@ -278,13 +270,11 @@ def _clean(value: str | None) -> str:
     return (value or "").strip()
 
 
-def _report(progress: ProgressFn, event: Progress, lines: list[str]) -> None:
-    """Drive Gradio's progress bar and keep the last few progress lines for the status."""
-    fraction = progress_fraction(event)
-    progress(fraction, desc=progress_text(event))
+def _remember(event: Progress, lines: list[str]) -> None:
+    """Keep the last few progress lines for the status; byte counts update in place."""
     line = progress_text(event)
-    if lines and lines[-1].split(":")[0] == line.split(":")[0] and event.unit == "bytes":
-        lines[-1] = line  # byte counts update in place; steps and files add lines
+    if lines and event.unit == "bytes" and lines[-1].split(":")[0] == line.split(":")[0]:
+        lines[-1] = line
     else:
         lines.append(line)
     del lines[:-MAX_PROGRESS_LINES]
@@ -299,7 +289,7 @@ def wire_models_tab(
 ) -> ModelsController:
     """Connect the manager's buttons; loading shares the model's concurrency group."""
     controller = ModelsController(backend)
-    tab.pair.change(
+    selected = tab.pair.change(
         controller.select_pair,
         inputs=[tab.pair],
         outputs=[
@@ -316,6 +306,14 @@ def wire_models_tab(
         queue=False,
     )
     location = [tab.target, tab.head, tab.dtype, tab.quantization]
+    selected.then(  # a picked pair shows its sizes and memory right away
+        controller.check_plan,
+        inputs=location,
+        outputs=[tab.plan],
+        api_visibility="private",
+        concurrency_id="hub",
+        concurrency_limit=2,
+    )
     tab.plan_button.click(
         controller.check_plan,
         inputs=location,
@@ -327,8 +325,9 @@ def wire_models_tab(
     download = tab.download_button.click(
         controller.download,
         inputs=[tab.target, tab.head, session],
-        outputs=[tab.status],
+        outputs=[tab.progress, tab.status],
         api_name="download",
+        show_progress="hidden",
         concurrency_id="hub",
         concurrency_limit=2,
     )
@@ -343,8 +342,9 @@ def wire_models_tab(
     tab.load_button.click(
         controller.load,
         inputs=location,
-        outputs=[tab.status, header],
+        outputs=[tab.progress, tab.status, header],
         api_name="load",
+        show_progress="hidden",
         concurrency_id=MODEL_GROUP,
         concurrency_limit=MODEL_CONCURRENCY,
     )
@@ -353,7 +353,7 @@ def wire_models_tab(
     )
     tab.unload_button.click(
         controller.unload,
-        outputs=[tab.status, header],
+        outputs=[tab.progress, tab.status, header],
         api_name="unload",
         concurrency_id=MODEL_GROUP,
         concurrency_limit=MODEL_CONCURRENCY,

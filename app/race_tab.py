@@ -83,7 +83,7 @@ class RaceController:
         config = generation_config(
             "eagle", temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
         )
-        cancel = session.start("race")
+        run = session.start("race")
         lanes = {"vanilla": LiveStats(), "eagle": LiveStats()}
         busy = self.backend.status().busy
         verdict = "Waiting for the model: another request is running…" if busy else "Racing…"
@@ -92,7 +92,7 @@ class RaceController:
             [{"role": "user", "content": text}],
             config,
             system_prompt=(system_prompt or "").strip() or None,
-            cancel=cancel,
+            cancel=run.cancel,
         )
         pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
         for event in events:

@@ -8,6 +8,7 @@ ones in ``backend/events.py``; this module only displays them.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,10 @@ def _num(value: float | None, digits: int = 2, unit: str = "") -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "–"
+
+
 def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: str = "eagle") -> str:
     """The live numbers as a two-column Markdown table, plus the speedup over a measured
     vanilla baseline when one is known."""
@@ -163,6 +168,7 @@ def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: st
         ("last acceptance length", str(last) if last is not None else "–"),
         ("tokens per target forward", _num(stats.tokens_per_forward)),
         ("new tokens / rounds", f"{stats.new_tokens} / {stats.rounds}"),
+        ("reply written by accepted drafts", _share(stats.accepted_drafts, stats.new_tokens)),
     ]
     if baseline_tps:
         decode = stats.decode_tokens_per_s
@@ -191,20 +197,25 @@ def _status_line(stats: LiveStats) -> str:
 
 def acceptance_frame(stats: LiveStats) -> pd.DataFrame:
     """Acceptance length per verification round, for a gr.LinePlot/BarPlot."""
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         {
             "round": list(range(1, stats.rounds + 1)),
             "acceptance length": stats.accept_lengths,
         }
     )
+    # Explicit dtypes: Gradio picks the axis type from the first (empty) value it sees.
+    return frame.astype({"round": "int64", "acceptance length": "int64"})
 
 
 def race_frame(vanilla: LiveStats, eagle: LiveStats) -> pd.DataFrame:
-    """Tokens generated over time for both lanes, for one gr.LinePlot coloured by lane."""
-    rows = [("vanilla", t, n) for t, n in vanilla.progress] + [
-        ("EAGLE", t, n) for t, n in eagle.progress
-    ]
-    return pd.DataFrame(rows, columns=["lane", "seconds", "tokens"])
+    """Tokens generated over time for both lanes, for one gr.LinePlot coloured by lane.
+
+    Both lanes start at the origin, so the frame is never empty: a colour-split Gradio plot
+    whose first value has no rows never draws its lines later."""
+    rows = [("vanilla", 0.0, 0), *(("vanilla", t, n) for t, n in vanilla.progress)]
+    rows += [("EAGLE", 0.0, 0), *(("EAGLE", t, n) for t, n in eagle.progress)]
+    frame = pd.DataFrame(rows, columns=["lane", "seconds", "tokens"])
+    return frame.astype({"lane": "str", "seconds": "float64", "tokens": "int64"})
 
 
 def lane_markdown(stats: LiveStats, lane: str) -> str:
@@ -240,7 +251,7 @@ def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str
     ]
     if result.identical:
         lines.append(
-            f"**Identical output** ✅ — both produced the same {result.eagle.new_tokens} tokens."
+            f"**Identical output** ✓ — both produced the same {result.eagle.new_tokens} tokens."
         )
     else:
         where = (
@@ -248,7 +259,7 @@ def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str
             if result.first_divergence is not None
             else "differ"
         )
-        lines.append(f"**Outputs differ** ❌ — they {where}.")
+        lines.append(f"**Outputs differ** ✗ — they {where}.")
         at = first_difference(result.vanilla.text, result.eagle.text)
         if at is not None:
             lines.append(
@@ -266,7 +277,7 @@ def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str
 
 def error_markdown(error: GenerationFailed | LoadFailed) -> str:
     """One clear line (and a hint) for a failed generation, download or load."""
-    text = f"⚠️ **{error.message}**"
+    text = f"⚠ **{error.message}**"
     if error.hint:
         text += f" — {error.hint}"
     return text
@@ -309,6 +320,18 @@ def progress_text(progress: Progress) -> str:
     return text
 
 
+def progress_html(progress: Progress) -> str:
+    """A native <progress> bar with its line of text (indeterminate when the total is
+    unknown); the only HTML the app writes, and every piece of text in it is escaped."""
+    fraction = progress_fraction(progress)
+    value = f' value="{fraction:.3f}" max="1"' if fraction is not None else ""
+    label = html.escape(progress_text(progress))
+    return (
+        f'<div class="progress-line"><progress{value} aria-label="{label}"></progress>'
+        f"<span>{label}</span></div>"
+    )
+
+
 def pair_info_markdown(info: PairInfo | None) -> str:
     """What is loaded, in one line a user can read at a glance."""
     if info is None:
@@ -332,9 +355,7 @@ def pair_markdown(pair: Any) -> str:
         f"dtype {pair.dtype}.",
     ]
     if pair.gated:
-        lines.append(
-            "🔒 Gated target: accept its licence on the Hub and log in with a token first."
-        )
+        lines.append("Gated target: accept its licence on the Hub and log in with a token first.")
     if pair.note:
         lines.append(pair.note)
     return "\n\n".join(lines)
@@ -368,7 +389,7 @@ def plan_markdown(plan: PairPlan) -> str:
     gated = [label for label, side in sides if side.gated]
     if gated:
         notes.append(
-            f"🔒 Gated {' and '.join(gated)}: accept the licence on the Hub and log in "
+            f"Gated {' and '.join(gated)}: accept the licence on the Hub and log in "
             "(`hf auth login`) before downloading."
         )
     if plan.offline and not plan.ready:

@@ -33,26 +33,37 @@ class Baseline:
 
 
 @dataclass
+class Run:
+    """One run of a job: its stop switch, and whether its output is still wanted."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    discarded: bool = False  # Clear was pressed: the run must not write into the cleared view
+
+
+@dataclass
 class Session:
-    cancels: dict[str, threading.Event] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
     baseline: Baseline | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
         return Session()
 
-    def start(self, job: Job) -> threading.Event:
-        """A fresh stop switch for a new run of ``job`` (a late Stop of the previous run
-        must not cancel this one)."""
-        event = threading.Event()
-        self.cancels[job] = event
-        return event
+    def start(self, job: Job) -> Run:
+        """A fresh run of ``job`` (a late Stop of the previous run must not cancel this one)."""
+        run = Run()
+        self.runs[job] = run
+        return run
 
-    def stop(self, job: Job) -> bool:
-        """Flip the stop switch of the running ``job``; False when nothing was running."""
-        event = self.cancels.get(job)
-        if event is None or event.is_set():
+    def stop(self, job: Job, discard: bool = False) -> bool:
+        """Flip the stop switch of the running ``job``; False when nothing was running.
+        ``discard`` also tells the run to drop its remaining output."""
+        run = self.runs.get(job)
+        if run is None:
             return False
-        event.set()
+        run.discarded = run.discarded or discard
+        if run.cancel.is_set():
+            return False
+        run.cancel.set()
         return True
 
     def baseline_for(self, info: PairInfo | None) -> float | None:

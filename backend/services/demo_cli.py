@@ -29,8 +29,8 @@ DEMO = ROOT / "assets" / "demo"
 WORK = ROOT / "work" / "demo-heads"
 HEAD_SETTINGS = {
     # kind: extra train-head flags
-    "eagle1": ["--epochs", "6", "--lr", "1e-3"],
-    "eagle3": ["--epochs", "5", "--lr", "1e-3", "--ttt-steps", "5", "--draft-vocab-size", "2048"],
+    "eagle1": ["--epochs", "5", "--lr", "1e-3"],
+    "eagle3": ["--epochs", "3", "--lr", "1e-3", "--ttt-steps", "5", "--draft-vocab-size", "2048"],
 }
 
 

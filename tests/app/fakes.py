@@ -80,10 +80,15 @@ def summary_of(
     )
 
 
-def scripted_rounds(request_id: str = "r", vanilla: bool = False) -> list[RoundCompleted]:
+Script = tuple[tuple[tuple[tuple[str, str], ...], int], ...]
+
+
+def scripted_rounds(
+    request_id: str = "r", vanilla: bool = False, script: Script = SCRIPT
+) -> list[RoundCompleted]:
     rounds = []
     next_id = 10
-    for index, (spans, accepted) in enumerate(SCRIPT):
+    for index, (spans, accepted) in enumerate(script):
         pieces = tuple(TextSpan(text, "target" if vanilla else source) for text, source in spans)
         ids = tuple(range(next_id, next_id + len(pieces)))
         next_id += len(pieces)
@@ -109,6 +114,7 @@ class FakeBackend:
     loaded: PairInfo | None = field(default_factory=make_info)
     fail_with: GenerationFailed | None = None  # stream ends with this after the first round
     delay_s: float = 0.0  # pause between rounds, to test Stop
+    script: Script = SCRIPT  # the reply every stream produces
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
     def catalog(self) -> list[PairSpec]:
@@ -201,7 +207,7 @@ class FakeBackend:
         self.calls.append(("stream", (list(messages), config, system_prompt)))
         yield Started("r", config.mode, 5)
         done: list[RoundCompleted] = []
-        for event in scripted_rounds(vanilla=config.mode == "vanilla"):
+        for event in scripted_rounds(vanilla=config.mode == "vanilla", script=self.script):
             if cancel is not None and cancel.is_set():
                 yield Finished("r", summary_of(done, "cancelled"))
                 return

@@ -17,8 +17,9 @@ from app.render import DRAFT_LABEL
 from tests.app.conftest import LiveApp
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def client(live_app: LiveApp) -> Iterator[Client]:
+    """One client, so one Gradio session: /stop reaches that session's running /chat."""
     client = Client(live_app.url, verbose=False)
     yield client
     client.close()
@@ -87,8 +88,8 @@ def test_plan_and_load_local_pair(client: Client, live_app: LiveApp) -> None:
     target, head = str(live_app.pair.target), str(live_app.pair.head)
     plan = client.predict(target, head, "auto", "none", api_name="/plan")
     assert "local folder" in plan and "Memory for the weights" in plan
-    status, header = client.predict(target, head, "auto", "none", api_name="/load")
-    assert status.startswith("✅ Loaded") and target in header
-    status, header = client.predict("/no/such/model", "", "auto", "none", api_name="/load")
-    assert status.startswith("⚠️") and "/no/such/model" in status
+    bar, status, header = client.predict(target, head, "auto", "none", api_name="/load")
+    assert status.startswith("✓ Loaded") and target in header and "<progress" in bar
+    bar, status, header = client.predict("/no/such/model", "", "auto", "none", api_name="/load")
+    assert status.startswith("⚠") and "/no/such/model" in status
     client.predict(target, head, "auto", "none", api_name="/load")  # leave the pair loaded

@@ -24,10 +24,6 @@ from tests.app.fakes import FakeBackend
 SETTINGS = ("", "eagle", 0.0, 1.0, 64, True, 16, 5, 4)
 
 
-def no_progress(*args, **kwargs) -> None:
-    return None
-
-
 def chat_controller(backend: FakeBackend) -> ChatController:
     return ChatController(backend, min_refresh_s=0.0, plot_refresh_s=0.0)
 
@@ -65,7 +61,7 @@ def test_chat_sends_history_settings_and_skips_error_notes() -> None:
     history = [
         {"role": "user", "content": [{"type": "text", "text": "first"}], "metadata": None},
         {"role": "assistant", "content": "answer"},
-        {"role": "assistant", "content": "⚠️ boom", "metadata": {"title": ERROR_TITLE}},
+        {"role": "assistant", "content": "⚠ boom", "metadata": {"title": ERROR_TITLE}},
     ]
     settings = ("Be brief.", "vanilla", 0.7, 0.9, 32, False, 12, 4, 3)
     list(chat_controller(backend).chat("second", history, *settings, Session()))
@@ -182,27 +178,27 @@ def test_model_manager_select_plan_download_load() -> None:
     assert backend.calls[-1] == ("plan", ("org/target", None, "auto", "8bit"))
     assert "enter a target" in controller.check_plan("", "", "auto", "none")
 
-    seen: list[tuple] = []
-    statuses = list(
-        controller.download("org/target", "org/head", Session(), lambda *a, **k: seen.append(a))
-    )
-    assert "download: 500.0 KB / 1.0 MB (50%)" in statuses[1]
-    assert statuses[-1].startswith("✅ Downloaded: `/cache/org/target` and `/cache/org/head`")
-    assert seen[-1] == (1.0,)
+    updates = list(controller.download("org/target", "org/head", Session()))
+    bar, status = updates[1]
+    assert 'value="0.500"' in bar and "download: 500.0 KB / 1.0 MB (50%)" in status
+    bar, status = updates[-1]
+    assert 'value="1.000"' in bar
+    assert status.startswith("✓ Downloaded: `/cache/org/target` and `/cache/org/head`")
 
-    loads = list(controller.load("org/target", "org/head", "auto", "4bit", no_progress))
-    assert "resolve: 0 / 3 steps" in loads[0][0] and loads[0][1] is not None
-    status, header = loads[-1]
-    assert status.startswith("✅ Loaded in") and "`org/target`" in header
+    loads = list(controller.load("org/target", "org/head", "auto", "4bit"))
+    bar, status, header = loads[0]
+    assert "<progress" in bar and "resolve: 0 / 3 steps" in status
+    bar, status, header = loads[-1]
+    assert status.startswith("✓ Loaded in") and "`org/target`" in header
     assert backend.calls[-1][1].quantization == "4bit"
 
-    failed = list(controller.load("missing/model", "", "auto", "none", no_progress))[-1]
-    assert "missing/model is not on the Hub" in failed[0] and "check the id" in failed[0]
+    bar, status, header = list(controller.load("missing/model", "", "auto", "none"))[-1]
+    assert bar == "" and "missing/model is not on the Hub" in status and "check the id" in status
     with pytest.raises(gr.Error, match="quantization must be"):
-        list(controller.load("org/target", "", "auto", "2bit", no_progress))
+        list(controller.load("org/target", "", "auto", "2bit"))
 
-    status, header = controller.unload()
-    assert "No model loaded" in header and backend.loaded is None
+    bar, status, header = controller.unload()
+    assert bar == "" and "No model loaded" in header and backend.loaded is None
 
 
 def test_tree_config_auto_and_manual() -> None:
@@ -215,10 +211,19 @@ def test_session_stop_switch_is_per_run_and_copies_fresh() -> None:
 
     session = Session()
     first = session.start("chat")
-    assert session.stop("chat") and first.is_set()
+    assert session.stop("chat") and first.cancel.is_set() and not first.discarded
     second = session.start("chat")
-    assert not second.is_set() and not session.stop("race")
-    assert copy.deepcopy(session).cancels == {}
+    assert not second.cancel.is_set() and not session.stop("race")
+    assert session.stop("chat", discard=True) and second.discarded
+    assert copy.deepcopy(session).runs == {}
+
+
+def test_clear_during_a_reply_discards_its_output() -> None:
+    controller, session = chat_controller(FakeBackend(delay_s=0.05)), Session()
+    updates = controller.chat("hi", [], *SETTINGS, session)
+    next(updates), next(updates)
+    history, *_ = controller.clear(session)
+    assert history == [] and list(updates) == []  # nothing comes back to refill the chat
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -230,7 +235,7 @@ def test_startup_pair_and_missing_demo(tmp_path) -> None:
     backend = FakeBackend()
     config, selected, notice = startup_pair(backend, _args())
     assert selected == "demo" and config.target == "/x/demo/target" and notice == DEMO_MISSING
-    assert "make-demo-target" in notice
+    assert "python launch.py make-demo" in notice
     config, selected, notice = startup_pair(
         backend, _args(target="org/t", head="org/h", quantize="8bit")
     )
@@ -255,3 +260,56 @@ def test_exposure_needs_auth() -> None:
     for bad in ("alice", ":pw", "alice:"):
         with pytest.raises(ConfigError, match="USER:PASS"):
             parse_auth(bad)
+
+
+def test_build_app_names_endpoints_and_shares_the_model_group() -> None:
+    from app.main import build_app
+
+    demo = build_app(FakeBackend())
+    fns = {fn.api_name: fn for fn in demo.fns.values()}
+    for name in (
+        "chat",
+        "regenerate",
+        "stop",
+        "clear",
+        "baseline",
+        "race",
+        "race_stop",
+        "plan",
+        "download",
+        "load",
+        "unload",
+        "status",
+    ):
+        assert name in fns, name
+    model_users = ("chat", "regenerate", "baseline", "race", "load", "unload")
+    assert {fns[name].concurrency_id for name in model_users} == {"model"}
+    assert fns["stop"].concurrency_limit is None and fns["race_stop"].concurrency_limit is None
+
+
+def test_run_launches_on_loopback_with_assets(monkeypatch) -> None:
+    import gradio as gr
+
+    import app.main as main
+
+    seen: dict = {}
+    monkeypatch.setattr(main, "Backend", FakeBackend)
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs))
+    args = argparse.Namespace(
+        host="127.0.0.1",
+        port=7999,
+        share=False,
+        auth=None,
+        target="org/t",
+        head="org/h",
+        quantize="none",
+        dtype=None,
+        no_browser=True,
+    )
+    assert main.run(args) == 0
+    assert seen["server_name"] == "127.0.0.1" and seen["server_port"] == 7999
+    assert seen["share"] is False and seen["auth"] is None and seen["inbrowser"] is False
+    assert "accept-tokens" in seen["css"] and "chat-stop" in seen["js"]
+    monkeypatch.setattr(main, "Backend", lambda: pytest.fail("must refuse before loading"))
+    with pytest.raises(ConfigError):
+        main.run(argparse.Namespace(**{**vars(args), "host": "0.0.0.0"}))

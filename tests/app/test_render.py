@@ -20,6 +20,7 @@ from app.render import (
     message_text,
     pair_info_markdown,
     plan_markdown,
+    progress_html,
     progress_text,
     race_frame,
     race_verdict_markdown,
@@ -85,6 +86,7 @@ def test_stats_markdown_shows_every_number_and_the_final_state() -> None:
         "| last acceptance length | 4 |",
         "| tokens per target forward | 2.25 |",
         "| new tokens / rounds | 9 / 3 |",
+        "| reply written by accepted drafts | 56% |",
         "Finished (max new tokens reached)",
     ):
         assert expected in text, expected
@@ -113,8 +115,11 @@ def test_acceptance_and_race_frames() -> None:
     assert frame["acceptance length"].tolist() == [3, 1, 4]
     race = race_frame(vanilla, eagle)
     assert set(race["lane"]) == {"vanilla", "EAGLE"}
-    assert race[race["lane"] == "EAGLE"]["tokens"].tolist() == [1, 4, 5, 9]
-    assert race[race["lane"] == "vanilla"]["tokens"].tolist() == [1, 4, 5, 9]
+    assert race[race["lane"] == "EAGLE"]["tokens"].tolist() == [0, 1, 4, 5, 9]
+    assert race[race["lane"] == "vanilla"]["seconds"].tolist() == pytest.approx(
+        [0, 0.1, 0.2, 0.3, 0.4]
+    )
+    assert len(race_frame(LiveStats(), LiveStats())) == 2  # the origins: never empty
 
 
 def _race(vanilla_text: str, eagle_text: str, divergence: int | None, stop: str = "eos"):
@@ -159,10 +164,10 @@ def test_first_difference() -> None:
 
 def test_error_messages_carry_message_and_hint() -> None:
     failed = GenerationFailed("r", "no_model", "no model is loaded", "load a target first")
-    assert error_markdown(failed) == "⚠️ **no model is loaded** — load a target first"
+    assert error_markdown(failed) == "⚠ **no model is loaded** — load a target first"
     assert error_text(failed) == "no model is loaded (load a target first)"
     bare = LoadFailed("internal", "loading failed: boom")
-    assert error_markdown(bare) == "⚠️ **loading failed: boom**"
+    assert error_markdown(bare) == "⚠ **loading failed: boom**"
     assert error_text(bare) == "loading failed: boom"
     stats = fold([*scripted_rounds()[:2], failed])
     assert stats.done and "no model is loaded" in stats_markdown(stats)
@@ -175,6 +180,10 @@ def test_progress_lines() -> None:
     )
     assert progress_text(Progress("load", 1, 3, "steps")) == "load: 1 / 3 steps (33%)"
     assert progress_text(Progress("resolve", 2, None, "files")) == "resolve: 2 / ? files"
+    bar = progress_html(Progress("download", 1, 4, "files", "<b>x</b>"))
+    assert '<progress value="0.250" max="1"' in bar and "&lt;b&gt;x&lt;/b&gt;" in bar
+    assert "<b>" not in bar
+    assert "value=" not in progress_html(Progress("resolve", 2, None, "files"))  # indeterminate
 
 
 def test_plan_and_pair_info() -> None:

@@ -5,7 +5,7 @@ manager loads a pair showing its progress. Screenshots go to tests/artifacts/ (g
 
 Needs ``apt-get install -y chromium`` and ``pip install playwright==1.65.2`` (never
 ``playwright install``: the browser comes from Debian). Skipped with a reason otherwise.
-Set ``EAGLECHAT_README_SCREENSHOT=1`` to also refresh assets/screenshot.png.
+The README's picture comes from ``python -m tests.app.browser.screenshot`` (demo pair).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from tests.app.conftest import LiveApp
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# EAGLECHAT_CHROMIUM points at another Chromium build (e.g. /usr/bin/chromium-browser).
+CHROMIUM = os.environ.get("EAGLECHAT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -35,7 +36,6 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-README_SCREENSHOT = ROOT / "assets" / "screenshot.png"
 DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS["accepted draft"] (#34d399) as the DOM shows it
 TIMEOUT_MS = 30_000
 
@@ -69,7 +69,7 @@ def browser() -> Iterator[object]:
         "playwright.sync_api", reason="pip install playwright==1.65.2 for the browser tests"
     )
     if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is missing: apt-get install -y chromium")
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
@@ -132,12 +132,12 @@ def test_reply_streams_and_panel_fills(page) -> None:
     assert re.search(r"tokens per target forward\s+[\d.]+", stats)
     assert page.locator("#accept-plot canvas, #accept-plot svg").count() > 0
     page.screenshot(path=ARTIFACTS / "chat.png", full_page=True)
-    if os.environ.get("EAGLECHAT_README_SCREENSHOT"):
-        page.screenshot(path=README_SCREENSHOT, full_page=True)
 
 
 def test_stop_mid_stream(page) -> None:
     open_tab(page, "Chat")
+    page.click("#chat-clear")  # a fresh context: the tiny model's context is only 512 tokens
+    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=bot]')")
     page.click("#chat-settings button, #chat-settings .label-wrap")
     set_number(page, "chat-max-new-tokens", 450)
     page.evaluate(WATCH_REPLY)
@@ -194,4 +194,46 @@ def test_model_manager_loads_with_progress(page, live_app: LiveApp) -> None:
     progress = [t for t in texts if "Loading" in t]
     assert progress and re.search(r"\d+ / \d+ steps", progress[-1]), texts
     assert str(live_app.pair.target) in page.inner_text("#loaded-pair")
+    assert page.locator("#models-progress progress").get_attribute("value") == "1.000"
     page.screenshot(path=ARTIFACTS / "models.png", full_page=True)
+
+
+MARKDOWN_REPLY = (
+    ((("Here is **bold** text and code:\n\n", "target"),), 0),
+    (
+        (("```python\n", "draft"), ("def add(a, b):\n", "draft"), ("    return a + b\n", "target")),
+        2,
+    ),
+    ((("```\n", "target"),), 0),
+)
+
+
+@pytest.fixture(scope="module")
+def markdown_app() -> Iterator[str]:
+    """The app over a scripted backend whose reply is Markdown with a code block."""
+    from app.main import build_app, launch_options
+    from tests.app.conftest import free_port
+    from tests.app.fakes import FakeBackend
+
+    demo = build_app(FakeBackend(script=MARKDOWN_REPLY))
+    demo.queue()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
+                            prevent_thread_lock=True, quiet=True, **launch_options())  # fmt: skip
+    yield url
+    demo.close()
+
+
+def test_markdown_and_code_render(browser, markdown_app: str) -> None:
+    page = browser.new_page(viewport={"width": 1360, "height": 940})
+    try:
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(markdown_app)
+        send(page, "show me code")
+        reply = page.locator("#chatbot [data-testid='bot']").last
+        reply.locator("pre code").wait_for()
+        assert "def add(a, b):" in reply.locator("pre code").inner_text()
+        assert reply.locator("strong").inner_text() == "bold"
+        assert "```" not in reply.inner_text()
+        page.screenshot(path=ARTIFACTS / "markdown.png", full_page=True)
+    finally:
+        page.close()
