@@ -29,14 +29,14 @@ DEMO = ROOT / "assets" / "demo"
 WORK = ROOT / "work" / "demo-heads"
 HEAD_SETTINGS = {
     # kind: extra train-head flags
-    "eagle1": ["--epochs", "5", "--lr", "1e-3"],
+    "eagle1": ["--epochs", "4", "--lr", "1e-3"],
     "eagle3": ["--epochs", "3", "--lr", "1e-3", "--ttt-steps", "5", "--draft-vocab-size", "2048"],
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--prompts", type=int, default=3000, help="prompts answered by the target")
+    parser.add_argument("--prompts", type=int, default=1500, help="prompts answered by the target")
     parser.add_argument("--reply-tokens", type=int, default=128, help="max tokens per reply")
     parser.add_argument("--rebuild-target", action="store_true")
     parser.add_argument("--target-minutes", type=float, default=70.0)
