@@ -33,7 +33,7 @@ LADDER: tuple[TreeConfig, ...] = tuple(
 )  # fmt: skip
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
-EMA = 0.4  # weight of the newest round in the acceptance estimates
+EMA = 0.15  # weight of the newest round in the acceptance estimates
 WIDTH_GAIN_CAP = 0.15  # most a wider tree may add to a depth's acceptance rate
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
