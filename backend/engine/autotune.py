@@ -157,6 +157,7 @@ class TreePolicy:
             if depth < len(self.rates):
                 self.rates[depth] += EMA * (hit - self.rates[depth])
         if accepted >= tree.depth:  # the whole depth was accepted: deeper may well pay too
+            self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon
             deepest = self.rates[min(tree.depth, len(self.rates)) - 1]
             for depth in range(tree.depth, len(self.rates)):
                 self.rates[depth] = max(self.rates[depth], deepest)

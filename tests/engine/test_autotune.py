@@ -53,8 +53,8 @@ def test_failing_drafts_back_off_to_plain_steps_and_probe_with_growing_gaps() ->
 
 def test_recovers_when_drafts_become_good() -> None:
     policy = trained(TreePolicy(CPU_LIKE), 0.0, rounds=10)
-    assert policy.choose() is None
-    for _ in range(4 * FIRST_PROBE_AFTER):  # probes now succeed fully
+    assert sum(policy.choose() is None for _ in range(5)) >= 4  # backed off (maybe one probe)
+    for _ in range(8 * FIRST_PROBE_AFTER):  # probes now succeed fully
         tree = policy.choose()
         if tree is not None:
             policy.observe(tree, tree.depth)
