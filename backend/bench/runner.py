@@ -75,7 +75,10 @@ class BenchResult:
 def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig, costs) -> MethodRun:
     drafter = pair.drafter if config.mode == "eagle" else None
     sizes, summary = [], None
-    for event in generate(pair.runner, drafter, ids, config, pair.eos_ids, costs=costs):
+    policy = pair.tree_policy() if drafter is not None else None
+    for event in generate(
+        pair.runner, drafter, ids, config, pair.eos_ids, costs=costs, policy=policy
+    ):
         if isinstance(event, RoundCompleted) and event.round_index > 0:
             sizes.append(event.tree_size)
         elif isinstance(event, Finished):

@@ -53,11 +53,13 @@ def generate(
     cancel: threading.Event | None = None,
     request_id: str | None = None,
     costs: CostModel | None = None,
+    policy: TreePolicy | None = None,
 ) -> Iterator[GenerationEvent]:
     """Stream one generation. Raises InputError before the first event on bad input.
 
     ``costs`` (measured once per loaded pair) drives the automatic tree choice; it is measured
-    here when an automatic tree is asked for and none is given."""
+    here when an automatic tree is asked for and none is given. A ``policy`` kept across
+    requests (as the Backend does per loaded pair) starts from what earlier replies taught it."""
     check_prompt(prompt_ids, target)
     use_drafter = drafter if config.mode == "eagle" else None
     request_id = request_id or uuid.uuid4().hex[:12]
@@ -74,7 +76,9 @@ def generate(
     stats = SpecStats()
     device = target.device
     produced: list[int] = []
-    if use_drafter is not None and config.tree.auto and costs is None:
+    if policy is not None:
+        costs = policy.costs
+    elif use_drafter is not None and config.tree.auto and costs is None:
         costs = measure_costs(target, use_drafter)  # once per call; the Backend caches it
     yield Started(request_id=request_id, mode=config.mode, prompt_tokens=len(prompt_ids))
     start = now(device)
@@ -90,8 +94,9 @@ def generate(
     yield _round_event(request_id, 0, tokens, 0, 1, detok, 0.0, ttft, 0.0, ttft)
     if use_drafter is not None and stop_reason is None:
         use_drafter.begin(prompt, root, step.features)
-    policy = None
-    if use_drafter is not None and config.tree.auto:
+    if use_drafter is None or not config.tree.auto:
+        policy = None
+    elif policy is None:
         policy = TreePolicy(costs)
 
     round_index = 0
@@ -122,7 +127,7 @@ def generate(
         produced += tokens
         # 5. keep the root and accepted nodes' KV; feed their true features to the head
         if stop_reason is None:
-            _commit(cache, committed, acceptance, step.features, use_drafter)
+            _commit(cache, committed, tree.size, acceptance, step.features, use_drafter)
             root = acceptance.bonus_token_id
         t3 = now(device)
         if policy is not None and tree_config is not None:
@@ -143,12 +148,14 @@ def generate(
 
 @torch.inference_mode()
 def _commit(
-    cache, committed: int, acceptance: Acceptance, features, drafter: Drafter | None
+    cache, committed: int, tree_size: int, acceptance: Acceptance, features, drafter: Drafter | None
 ) -> None:
-    keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
-    kv.keep_tree_entries(cache, committed, keep)
+    if tree_size > 1:  # a lone root's entry is already where it belongs
+        keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
+        kv.keep_tree_entries(cache, committed, keep)
     if drafter is not None:
-        drafter.commit(list(acceptance.token_ids), features[keep.to(features.device)])
+        rows = (0,) + acceptance.accepted_nodes
+        drafter.commit(list(acceptance.token_ids), features[list(rows)])
 
 
 def _round_event(

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from backend.config import LoadConfig, TreeConfig
-from backend.engine.autotune import CostModel, measure_costs
+from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
@@ -52,12 +52,19 @@ class LoadedPair:
     head_path: str | None
     info: PairInfo
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
+    policy: TreePolicy | None = None  # the tree auto-tuner's acceptance estimates
 
     def tree_costs(self) -> CostModel | None:
         """Costs the tree auto-tuner needs, timed on first use and kept with the pair."""
         if self.costs is None and self.drafter is not None:
             self.costs = measure_costs(self.runner, self.drafter)
         return self.costs
+
+    def tree_policy(self) -> TreePolicy | None:
+        """One auto-tuning policy per pair, so each reply starts from what earlier ones learned."""
+        if self.policy is None and self.drafter is not None:
+            self.policy = TreePolicy(self.tree_costs())
+        return self.policy
 
 
 @dataclass
