@@ -111,6 +111,9 @@ def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int) -> floa
     return min(samples)
 
 
+_UNKNOWN = object()
+
+
 @dataclass
 class TreePolicy:
     """Per-generation choice of the next round's tree (None = a plain step, no drafting)."""
@@ -120,13 +123,15 @@ class TreePolicy:
     current_width: float = 2.0  # nodes per level of the tree the rates were measured on
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
+    _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
+
+    def __post_init__(self) -> None:
+        self._best = _UNKNOWN
 
     def choose(self) -> TreeConfig | None:
-        best, best_speed = None, 1.0 / self.costs.round_s(None)
-        for tree in LADDER:
-            speed = self.expected_tokens(tree) / self.costs.round_s(tree)
-            if speed > best_speed:
-                best, best_speed = tree, speed
+        if self._best is _UNKNOWN:  # estimates changed since the last choice
+            self._best = self._best_tree()
+        best = self._best
         if best is not None:
             self.plain_steps = 0
             self.probe_gap = FIRST_PROBE_AFTER
@@ -137,6 +142,14 @@ class TreePolicy:
             self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)
             return LADDER[0]
         return None
+
+    def _best_tree(self) -> TreeConfig | None:
+        best, best_speed = None, 1.0 / self.costs.round_s(None)
+        for tree in LADDER:
+            speed = self.expected_tokens(tree) / self.costs.round_s(tree)
+            if speed > best_speed:
+                best, best_speed = tree, speed
+        return best
 
     def expected_tokens(self, tree: TreeConfig) -> float:
         width = (tree.total_tokens - 1) / tree.depth
@@ -152,6 +165,7 @@ class TreePolicy:
 
     def observe(self, tree: TreeConfig, accepted: int) -> None:
         """Update the conditional acceptance rate of every depth this round could reach."""
+        self._best = _UNKNOWN
         for depth in range(min(tree.depth, accepted + 1)):
             hit = 1.0 if depth < accepted else 0.0
             if depth < len(self.rates):
