@@ -31,6 +31,7 @@ from backend.events import PairInfo, Progress
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
 from models.heads.base import DraftHead
+from models.training.data import eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     logger.info("loaded %s", info)
     return LoadedPair(
         model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=eos_token_ids(model, tokenizer), target_path=prepared.target_path,
+        eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
         head_path=prepared.head_path, info=info,
     )  # fmt: skip
 
@@ -241,17 +242,3 @@ def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
         ) from err
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot load the target from {path}: {err}") from err
-
-
-def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
-    """Every id that ends a reply: the generation config's EOS list and the tokenizer's EOS."""
-    ids: set[int] = set()
-    generation_config = getattr(model, "generation_config", None)
-    configured = getattr(generation_config, "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(int(i) for i in configured)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return tuple(sorted(ids))

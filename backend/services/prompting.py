@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.errors import InputError
+from models.training.data import encode_prompt, has_chat_template
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -25,8 +26,7 @@ def prompt_ids(tokenizer, messages: Sequence[Message], raw: bool = False) -> lis
         m.get("content", "").strip() for m in messages if m["role"] == "user"
     ):
         raise InputError("the prompt is empty", hint="type a message first")
-    if raw or not getattr(tokenizer, "chat_template", None):
+    if raw or not has_chat_template(tokenizer):
         text = "\n".join(m["content"] for m in messages if m["role"] != "system")
         return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return encode_prompt(tokenizer, list(messages))  # the same encoding the heads trained on

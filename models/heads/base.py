@@ -36,13 +36,12 @@ class DraftHead(nn.Module):
         return self._borrowed["embedding"]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        embedding = self.embedding
-        weight_device = next(embedding.parameters()).device
-        return embedding(token_ids.to(weight_device)).to(self.dtype_device()[1])
+        embedding = self.embedding  # may live on another device than the head (device_map)
+        return embedding(token_ids.to(embedding.weight.device)).to(self.fc.weight.device)
 
     def dtype_device(self) -> tuple[torch.dtype, torch.device]:
-        weight = next(p for n, p in self.named_parameters() if not n.startswith("embed_tokens"))
-        return weight.dtype, weight.device
+        """Where the head's own weights are; every head kind starts with its ``fc``."""
+        return self.fc.weight.dtype, self.fc.weight.device
 
     # ---- what differs per kind -------------------------------------------------------------
     def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
