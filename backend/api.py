@@ -153,7 +153,7 @@ class Backend:
                 yield from generate(
                     pair.runner, pair.drafter, ids, config, eos_ids=pair.eos_ids,
                     tokenizer=pair.tokenizer, cancel=cancel, request_id=request_id,
-                    policy=pair.tree_policy() if config.mode == "eagle" else None,
+                    policy=pair.tree_policy(not config.sampling.greedy) if config.mode == "eagle" else None,
                 )  # fmt: skip
         except EagleChatError as err:
             yield GenerationFailed(request_id, err.code, err.message, err.hint)
@@ -191,7 +191,7 @@ class Backend:
                         tokenizer=pair.tokenizer,
                         cancel=cancel,
                         request_id=f"{request_id}-{lane}",
-                        policy=pair.tree_policy(),
+                        policy=pair.tree_policy(not config.sampling.greedy),
                     )  # fmt: skip
                     for lane in ("vanilla", "eagle")
                 }

@@ -75,7 +75,7 @@ class BenchResult:
 def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig, costs) -> MethodRun:
     drafter = pair.drafter if config.mode == "eagle" else None
     sizes, summary = [], None
-    policy = pair.tree_policy() if drafter is not None else None
+    policy = pair.tree_policy(not config.sampling.greedy) if drafter is not None else None
     for event in generate(
         pair.runner, drafter, ids, config, pair.eos_ids, costs=costs, policy=policy
     ):

@@ -2,7 +2,7 @@
 
 Contract (fixed for every drafting strategy, so the loop never grows flags):
     begin(prompt_ids, first_token, prompt_features)   after the prefill
-    propose(root_token, tree_config) -> DraftTree      before each verification
+    propose(root_token, tree_config[, sampling, generator]) -> DraftTree   before each verification
     commit(new_tokens, accepted_features)              after each verification
 
 Position convention (eagle.md §2): the head's sequence is the target's shifted by one. Head
@@ -21,8 +21,9 @@ from typing import Protocol
 
 import torch
 
-from backend.config import TreeConfig
+from backend.config import SamplingConfig, TreeConfig
 from backend.engine import kv
+from backend.engine.sampling import processed_probs
 from backend.engine.tree import DraftTree, static_levels
 from models.heads.base import DraftHead
 from models.heads.layers import causal_bias
@@ -35,7 +36,13 @@ class Drafter(Protocol):
         self, prompt_ids: torch.Tensor, first_token: int, prompt_features: torch.Tensor
     ) -> None: ...
 
-    def propose(self, root_token: int, tree: TreeConfig) -> DraftTree: ...
+    def propose(
+        self,
+        root_token: int,
+        tree: TreeConfig,
+        sampling: SamplingConfig | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DraftTree: ...
 
     def commit(self, new_tokens: list[int], accepted_features: torch.Tensor) -> None: ...
 
@@ -47,6 +54,7 @@ class EagleDrafter:
         self.head = head
         self.feature_indices = head.feature_layers(num_target_layers)
         self.dtype, self.device = head.dtype_device()
+        self._draft_ids_cache: torch.Tensor | None = None
         self._cache = kv.new_cache()
         self._committed = 0
         self._root_hidden: torch.Tensor | None = None  # [1, 1, H]
@@ -66,11 +74,38 @@ class EagleDrafter:
 
     # ---- 2. one round's tree ------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, root_token: int, tree: TreeConfig) -> DraftTree:
+    def propose(
+        self,
+        root_token: int,
+        tree: TreeConfig,
+        sampling: SamplingConfig | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DraftTree:
+        """A tree of deterministic top-k drafts, or (``sampling`` given, temperature > 0) of
+        drafts drawn from the head's own distribution, which the target accepts far more often
+        when its distribution is flat (acceptance = 1 - TV(p, q) instead of p(top guess))."""
         self._flush()
         if tree.shape == "static":
             return self._propose_static(root_token, tree.depth)
+        if sampling is not None and not sampling.greedy and generator is not None:
+            return self._propose_sampled(root_token, tree, sampling, generator)
+        if tree.top_k == 1 or tree.total_tokens == tree.depth + 1:
+            return self._propose_chain(root_token, min(tree.depth, tree.total_tokens - 1))
         return self._propose_dynamic(root_token, tree)
+
+    def _propose_chain(self, root_token: int, depth: int) -> DraftTree:
+        """The top-1 path: what the dynamic tree gives with top_k=1, without its bookkeeping
+        (one query per step sees everything before it, so no tree mask is needed)."""
+        hidden, drafts = self._root_hidden, []
+        for step in range(depth):
+            token = self.head.logits(hidden)[0, -1].argmax()[None]  # [1] draft id
+            drafts.append(token)
+            if step + 1 < depth:
+                positions = torch.full((1, 1), self._committed + step, device=self.device)
+                target_id = self.head.to_target_ids(token)[None]
+                hidden = self.head(hidden, target_id, positions, None, self._cache)
+        tokens = torch.cat([self._tokens([root_token]), self.head.to_target_ids(torch.cat(drafts))])
+        return DraftTree.chain(tokens)
 
     def _propose_dynamic(self, root_token: int, config: TreeConfig) -> DraftTree:
         """EAGLE-2: expand the best top_k frontier nodes per level by cumulative log-prob, then
@@ -117,6 +152,47 @@ class EagleDrafter:
             torch.cat(cand_depths)[chosen],
             chosen,
             num_candidates,
+        )
+
+    def _propose_sampled(
+        self,
+        root_token: int,
+        config: TreeConfig,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+    ) -> DraftTree:
+        """``branches`` i.i.d. draws at the root, each continued as a chain of single draws.
+
+        Lossless verification needs every node's children to be i.i.d. draws from the q it
+        records, so nothing is pruned by value after drawing (unlike the top-k tree). Node
+        layout is level by level: node 1 + (d-1)*B + b is branch b at depth d."""
+        branches = max(1, min(config.top_k, (config.total_tokens - 1) // config.depth))
+        q = processed_probs(self._log_probs(self._root_hidden), sampling)  # [1, Vd]
+        drawn = torch.multinomial(q.cpu(), branches, replacement=True, generator=generator)[0]
+        levels, proposals = [drawn.to(self.device)], [q.expand(branches, -1)]
+        hidden = self._root_hidden.expand(1, branches, -1)
+        tree_mask = torch.zeros(branches, 0, dtype=torch.bool, device=self.device)
+        for depth in range(1, config.depth):
+            hidden, log_probs, tree_mask = self._expand(hidden, levels[-1], depth, tree_mask)
+            q = processed_probs(log_probs, sampling)  # [B, Vd]
+            proposals.append(q)
+            drawn = torch.multinomial(q.cpu(), 1, generator=generator)[:, 0]
+            levels.append(drawn.to(self.device))
+        depth_count = len(levels)
+        node = torch.arange(branches * depth_count, device=self.device) + 1
+        parents = torch.where(node <= branches, 0, node - branches)
+        depths = (node - 1) // branches + 1
+        size = 1 + branches * depth_count
+        probs = torch.zeros(size, q.shape[-1], dtype=torch.float32, device=self.device)
+        probs[0] = proposals[0][0]
+        if depth_count > 1:  # row of a node = the q its child was drawn from
+            probs[1 : 1 + branches * (depth_count - 1)] = torch.cat(proposals[1:])
+        return DraftTree.from_parents(
+            torch.cat([self._tokens([root_token]), self.head.to_target_ids(torch.cat(levels))]),
+            torch.cat([torch.tensor([-1], device=self.device), parents]),
+            torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), depths]),
+            proposal_probs=probs,
+            proposal_ids=self._draft_ids(q.shape[-1]),
         )
 
     def _propose_static(self, root_token: int, depth: int) -> DraftTree:
@@ -218,6 +294,13 @@ class EagleDrafter:
         out = self.head(hidden_in, next_tokens[None], positions[None], bias, self._cache)
         self._committed += count
         self._root_hidden = out[:, -1:]
+
+    def _draft_ids(self, draft_vocab_size: int) -> torch.Tensor:
+        """Target id of every draft-vocabulary column (computed once)."""
+        if self._draft_ids_cache is None:
+            columns = torch.arange(draft_vocab_size, device=self.device)
+            self._draft_ids_cache = self.head.to_target_ids(columns)
+        return self._draft_ids_cache
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(hidden)[0].float(), dim=-1)

@@ -109,7 +109,7 @@ def generate(
         # 1. draft a tree rooted at the last token (a lone root for plain decoding)
         tree_config = config.tree if policy is None else policy.choose()
         if use_drafter is not None and tree_config is not None:
-            tree = use_drafter.propose(root, tree_config)
+            tree = use_drafter.propose(root, tree_config, sampling, generator)
         else:
             tree = DraftTree.root_only(root)
         t1 = now(device)

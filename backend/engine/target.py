@@ -53,8 +53,8 @@ class TargetRunner:
     def verify(self, tree: DraftTree, cache, with_features: bool) -> TargetStep:
         """One forward over all tree nodes with tree attention; logits and features per node."""
         committed = kv.cache_length(cache)
-        if tree.size == 1 and self.sliding_window is None:
-            bias, positions = None, None  # plain causal step: let the model build its mask
+        if self.sliding_window is None and tree.is_chain:
+            bias, positions = None, None  # a chain is causal: let the model build its mask
         else:
             bias = tree_attention_bias(
                 tree, committed, self.dtype, self.device, self.sliding_window

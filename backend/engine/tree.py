@@ -28,6 +28,10 @@ class DraftTree:
     parents: torch.Tensor  # [N] long, parent node index; -1 for the root
     depths: torch.Tensor  # [N] long, 0 for the root
     ancestors: torch.Tensor  # [N, N] bool, [i, j] = j is i itself or one of its ancestors
+    # Sampled drafts only (temperature > 0): row i = the draft distribution node i's children
+    # were drawn from, over the columns' target ids. None = deterministic (top-k) drafts.
+    proposal_probs: torch.Tensor | None = None  # [N, Vd] float
+    proposal_ids: torch.Tensor | None = None  # [Vd] long, target id of each column
 
     @property
     def size(self) -> int:
@@ -41,8 +45,25 @@ class DraftTree:
         )
 
     @classmethod
+    def chain(cls, token_ids: torch.Tensor) -> DraftTree:
+        """A single path: node i is the child of node i - 1."""
+        size, device = token_ids.numel(), token_ids.device
+        steps = torch.arange(size, device=device)
+        return cls(
+            token_ids=token_ids,
+            parents=steps - 1,
+            depths=steps,
+            ancestors=torch.ones(size, size, dtype=torch.bool, device=device).tril_(),
+        )
+
+    @classmethod
     def from_parents(
-        cls, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor | None = None
+        cls,
+        token_ids: torch.Tensor,
+        parents: torch.Tensor,
+        depths: torch.Tensor | None = None,
+        proposal_probs: torch.Tensor | None = None,
+        proposal_ids: torch.Tensor | None = None,
     ) -> DraftTree:
         """Derive depths (unless given) and the ancestor matrix from parent links; parents
         precede children. With depths given the work is one tensor step per tree level."""
@@ -56,7 +77,21 @@ class DraftTree:
         for depth in range(1, int(depths.max()) + 1 if size > 1 else 1):
             level = (depths == depth).nonzero().flatten()
             ancestors[level] |= ancestors[parents[level]]
-        return cls(token_ids=token_ids, parents=parents, depths=depths, ancestors=ancestors)
+        return cls(
+            token_ids=token_ids,
+            parents=parents,
+            depths=depths,
+            ancestors=ancestors,
+            proposal_probs=proposal_probs,
+            proposal_ids=proposal_ids,
+        )
+
+    @property
+    def is_chain(self) -> bool:
+        """Every node is its predecessor's child: tree attention is plain causal attention."""
+        return bool(
+            (self.parents == torch.arange(-1, self.size - 1, device=self.parents.device)).all()
+        )
 
     def children(self) -> list[list[int]]:
         """Child node indices of every node, in node order (i.e. draft-score order)."""

@@ -2,10 +2,12 @@
 model, no cache.
 
 Paper symbols: p = the target's processed distribution at a node (what vanilla decoding would
-sample from). Drafts here are deterministic (top-k of the head), so the lossless rule is: walk
-down from the root; at each node try its children in order, accept child x with probability
-p(x), otherwise set p(x) = 0, renormalise and try the next; if none is accepted, draw the bonus
-token from what is left of p. Every emitted token is then distributed exactly as p.
+sample from), q = the distribution a child was drafted from. Walk down from the root; at each
+node try its children in order: accept child x with probability min(1, p(x)/q(x)), otherwise
+replace p by norm(max(p - q, 0)) and try the next; if none is accepted, draw the bonus token
+from what is left of p. Deterministic (top-k) drafts are the case q = a point mass on x: accept
+with p(x), else zero p(x) and renormalise. Sampled drafts are i.i.d. draws from the head's q at
+their parent. Either way every emitted token is distributed exactly as p.
 """
 
 from __future__ import annotations
@@ -61,22 +63,29 @@ def sample_accept(
     sampling: SamplingConfig,
     generator: torch.Generator,
 ) -> Acceptance:
-    """Lossless tree rejection sampling for deterministic drafts (see module docstring)."""
+    """Lossless recursive rejection sampling down the tree (see module docstring)."""
     probs = processed_probs(target_logits, sampling).cpu()  # [N, V]
     children = tree.children()
     tokens = tree.token_ids.tolist()
     node, path = 0, []
     while True:
         p = probs[node].clone()
+        q = _proposal(tree, node, p.numel()) if children[node] else None
         accepted_child = None
         for child in children[node]:
             token = tokens[child]
-            if uniform(generator) < float(p[token]):
-                accepted_child = child
-                break
-            p[token] = 0.0
+            if q is None:  # deterministic draft: q is a point mass on the token
+                if uniform(generator) < float(p[token]):
+                    accepted_child = child
+                    break
+                p[token] = 0.0
+            else:
+                if uniform(generator) * float(q[token]) < float(p[token]):
+                    accepted_child = child
+                    break
+                p = (p - q).clamp_(min=0.0)
             total = float(p.sum())
-            if total <= 0.0:  # rounding left no mass elsewhere: the token had it all
+            if total <= 0.0:  # nothing left outside what was rejected: only rounding got here
                 accepted_child = child
                 break
             p /= total
@@ -85,3 +94,12 @@ def sample_accept(
             return Acceptance(tuple(path), tuple(tokens[i] for i in path) + (bonus,), bonus)
         path.append(accepted_child)
         node = accepted_child
+
+
+def _proposal(tree: DraftTree, node: int, vocab_size: int) -> torch.Tensor | None:
+    """The draft distribution of ``node``'s children over the target vocabulary, if sampled."""
+    if tree.proposal_probs is None:
+        return None
+    q = torch.zeros(vocab_size)
+    q[tree.proposal_ids.cpu()] = tree.proposal_probs[node].float().cpu()
+    return q

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,7 +53,7 @@ class LoadedPair:
     head_path: str | None
     info: PairInfo
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
-    policy: TreePolicy | None = None  # the tree auto-tuner's acceptance estimates
+    policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
     def tree_costs(self) -> CostModel | None:
         """Costs the tree auto-tuner needs, timed on first use and kept with the pair."""
@@ -61,11 +61,14 @@ class LoadedPair:
             self.costs = measure_costs(self.runner, self.drafter)
         return self.costs
 
-    def tree_policy(self) -> TreePolicy | None:
-        """One auto-tuning policy per pair, so each reply starts from what earlier ones learned."""
-        if self.policy is None and self.drafter is not None:
-            self.policy = TreePolicy(self.tree_costs())
-        return self.policy
+    def tree_policy(self, sampled: bool = False) -> TreePolicy | None:
+        """One auto-tuning policy per pair (and per greedy/sampled decoding, whose acceptance
+        differs), so each reply starts from what earlier ones learned."""
+        if self.drafter is None:
+            return None
+        if sampled not in self.policies:
+            self.policies[sampled] = TreePolicy(self.tree_costs())
+        return self.policies[sampled]
 
 
 @dataclass

@@ -104,9 +104,10 @@ class Attention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        if attn_bias is None:
+        if attn_bias is None and q_len > 1:
             attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias.to(q.dtype))
+        mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
 
 

@@ -50,10 +50,12 @@ def answer_prompts(
     tokenizer,
     prompts: list[list[dict[str, str]]],
     max_new_tokens: int,
-    batch_size: int = 16,
+    batch_size: int = 32,
     progress: Callable[[int, int], None] | None = None,
+    temperature: float = 0.0,
 ) -> list[list[dict[str, str]]]:
-    """Greedy replies of ``model`` to each prompt, generated in left-padded batches."""
+    """Replies of ``model`` to each prompt (greedy, or sampled at ``temperature``), generated in
+    left-padded batches."""
     tokenizer.padding_side = "left"
     device = model.get_input_embeddings().weight.device
     pad_id = (
@@ -71,7 +73,8 @@ def answer_prompts(
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         batch = {k: v.to(device) for k, v in batch.items()}
         output = model.generate(
-            **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id,
+            **batch, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+            do_sample=temperature > 0, **({"temperature": temperature} if temperature > 0 else {}),
             eos_token_id=model.generation_config.eos_token_id,
         )  # fmt: skip
         new = output[:, batch["input_ids"].shape[1] :]

@@ -51,10 +51,15 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stat)
 
 
-def sample_counts(runner, drafter, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+SAMPLED = TreeConfig(total_tokens=8, depth=3, top_k=3)  # at T > 0: 2 chains of draws from q
+TOP_K = TreeConfig(shape="static", depth=3)  # deterministic top-k drafts at any temperature
+
+
+def sample_counts(
+    runner, drafter, sampling: SamplingConfig, tree: TreeConfig = SAMPLED
+) -> tuple[torch.Tensor, torch.Tensor]:
     second, third = torch.zeros(VOCAB), torch.zeros(VOCAB)
     accepted = 0
-    tree = TreeConfig(total_tokens=8, depth=3, top_k=3)
     for i in range(SAMPLES):
         seeded = SamplingConfig(sampling.temperature, sampling.top_p, sampling.top_k, seed=i)
         summary, rounds = run(
@@ -79,12 +84,17 @@ def pair():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_p=0.7)]
+    ("sampling", "tree"),
+    [
+        (SamplingConfig(temperature=1.0), SAMPLED),
+        (SamplingConfig(temperature=0.8, top_p=0.7), SAMPLED),
+        (SamplingConfig(temperature=1.0), TOP_K),
+    ],
 )
-def test_eagle_sampling_matches_the_target_distribution(pair, sampling) -> None:
+def test_eagle_sampling_matches_the_target_distribution(pair, sampling, tree) -> None:
     target, (runner, drafter) = pair
     p2, p3 = exact_marginals(target, sampling)
-    second, third = sample_counts(runner, drafter, sampling)
+    second, third = sample_counts(runner, drafter, sampling, tree)
     assert chi_square(second, p2) < BOUND
     assert chi_square(third, p3) < BOUND
 

@@ -124,3 +124,79 @@ def test_drafted_trees_have_the_configured_shape() -> None:
         assert (tree.parents[1:] < torch.arange(1, tree.size)).all()
         assert (tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all()
         assert int(tree.depths.max()) <= config.depth
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_sampled_drafts_rule_is_exact(top_p: float) -> None:
+    """Children drawn i.i.d. from a draft q (recorded in the tree) and judged with
+    min(1, p/q) and the residual norm(max(p - q, 0)): the first emitted token is distributed as
+    p, and drafts are accepted far more often than p(top guess) would allow when q is close."""
+    torch.manual_seed(1)
+    logits = torch.randn(3, V)
+    sampling = SamplingConfig(temperature=1.0, top_p=top_p)
+    from backend.engine.sampling import processed_probs
+
+    expected = processed_probs(logits[0], sampling)
+    q = torch.softmax(logits[0] + 0.3 * torch.randn(V), dim=-1)  # a near miss of p
+    generator = make_generator(7)
+    counts, accepted = torch.zeros(V), 0
+    for _ in range(10_000):
+        drawn = torch.multinomial(q, 2, replacement=True, generator=generator)
+        tree = DraftTree.from_parents(
+            torch.tensor([9, int(drawn[0]), int(drawn[1])]),
+            torch.tensor([-1, 0, 0]),
+            proposal_probs=torch.stack([q, torch.zeros(V), torch.zeros(V)]),
+            proposal_ids=torch.arange(V),
+        )
+        acceptance = sample_accept(tree, logits, sampling, generator)
+        counts[acceptance.token_ids[0]] += 1
+        accepted += acceptance.num_accepted_drafts
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum()
+    assert tv < 0.03, float(tv)
+    assert accepted / 10_000 > float(expected.max()), accepted
+
+
+def test_sampled_trees_are_chains_of_draws_with_their_distributions() -> None:
+    from backend.config import TreeConfig
+    from tests.engine.helpers import make_runner
+    from tests.factories import tiny_head, tiny_target
+
+    target = tiny_target("llama", num_layers=8)
+    runner, drafter = make_runner(target, tiny_head("eagle3", target, draft_vocab_size=100))
+    prompt = torch.tensor([3, 4, 5, 6])
+    cache = runner.new_cache()
+    drafter.begin(prompt, 7, runner.prefill(prompt, cache, with_features=True).features)
+    sampling = SamplingConfig(temperature=1.0)
+    tree = drafter.propose(7, TreeConfig(total_tokens=9, depth=4, top_k=2), sampling,
+                           make_generator(0))  # fmt: skip
+    assert tree.size == 9  # 2 branches x 4 levels + root
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 2, 3, 4, 5, 6]
+    assert tree.depths.tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    rows = tree.proposal_probs.sum(dim=-1)
+    assert torch.allclose(rows[:7], torch.ones(7)) and (rows[7:] == 0).all()  # leaves: none
+    for node in range(1, tree.size):  # every draft had positive probability under its q
+        column = (tree.proposal_ids == tree.token_ids[node]).nonzero().flatten()
+        assert float(tree.proposal_probs[tree.parents[node], column].sum()) > 0
+
+
+def test_chain_fast_path_equals_the_top1_dynamic_tree() -> None:
+    from backend.config import TreeConfig
+    from tests.engine.helpers import make_runner
+    from tests.factories import tiny_head, tiny_target
+
+    target = tiny_target("qwen2", num_layers=8)
+    runner, drafter = make_runner(target, tiny_head("eagle3", target, draft_vocab_size=100))
+    prompt = torch.tensor([3, 4, 5, 6, 9, 1])
+    cache = runner.new_cache()
+    drafter.begin(prompt, 7, runner.prefill(prompt, cache, with_features=True).features)
+    drafter.propose(7, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
+    for depth in (1, 3, 6):
+        fast = drafter.propose(7, TreeConfig(total_tokens=depth + 1, depth=depth, top_k=1))
+        drafter._flush()
+        general = drafter._propose_dynamic(
+            7, TreeConfig(total_tokens=depth + 1, depth=depth, top_k=1)
+        )
+        assert fast.token_ids.tolist() == general.token_ids.tolist()
+        assert fast.parents.tolist() == general.parents.tolist()
+        assert torch.equal(fast.ancestors, general.ancestors)
+        assert fast.is_chain

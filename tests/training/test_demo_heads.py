@@ -31,3 +31,19 @@ def test_batched_answers_match_single_generation(tmp_path) -> None:
         assert conversation[-1]["content"] == expected
     path = write_sharegpt(answered, tmp_path / "data.jsonl")
     assert load_conversations(path) == answered
+
+
+def test_sampled_answers_are_seeded_draws_not_the_greedy_reply() -> None:
+    tokenizer = tiny_tokenizer()
+    target = tiny_target("llama", vocab_size=len(tokenizer), num_layers=2)
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    prompts = [[{"role": "user", "content": "hello world"}], [{"role": "user", "content": "ok"}]]
+    greedy = answer_prompts(target, tokenizer, prompts, max_new_tokens=16)
+
+    def sampled():
+        torch.manual_seed(0)
+        return answer_prompts(target, tokenizer, prompts, max_new_tokens=16, temperature=1.0)
+
+    first, second = sampled(), sampled()
+    assert first == second  # reproducible under a seed
+    assert [c[-1]["content"] for c in first] != [c[-1]["content"] for c in greedy]
