@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
     )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    parser.add_argument(
+        "--repeats", type=int, default=3,
+        help="runs per prompt and method, interleaved; the median run counts (noise guard)",
+    )  # fmt: skip
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
@@ -60,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\r[{index + 1}/{total}] {LABELS[method]:<30}", end="", file=sys.stderr, flush=True)
 
     result = run_bench(
-        pair, prompts, args.max_new_tokens, args.temperature, tree, methods, progress
-    )
+        pair, prompts, args.max_new_tokens, args.temperature, tree, methods, progress,
+        repeats=args.repeats,
+    )  # fmt: skip
     print(file=sys.stderr)
     command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_reports(result, Path(args.out), command)

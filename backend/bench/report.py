@@ -100,7 +100,8 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
     lines = [
         f"Machine: {s['machine']}, device {s['device']}, {s['dtype']}, torch {s['torch']}. "
         f"{s['num_prompts']} prompts, max {s['max_new_tokens']} new tokens, temperature "
-        f"{s['temperature']}, tree {s['tree']}.",
+        f"{s['temperature']}, tree {s['tree']}; each prompt run {s.get('repeats', 1)}x per "
+        "method, interleaved, median run kept.",
         "",
         f"Command: `{command}`",
         "",
@@ -134,7 +135,8 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
                 if n in ("2", "4", "8", "16", "32", "60")
             )
             lines.append(f"Verify cost relative to one step, by tree size: {shown}; "
-                         f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step.")  # fmt: skip
+                         f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
+                         f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain).")  # fmt: skip
         reason = why_slow(summaries, result.costs)
         if reason:
             lines.append(f"Why the speedup is limited: {reason}.")

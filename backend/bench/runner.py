@@ -113,6 +113,12 @@ def run_prompt_lookup(pair: LoadedPair, ids: list[int], config: GenerationConfig
     return MethodRun("prompt_lookup", new, seconds, ttft_s=0.0, rounds=0, accept_lengths=())
 
 
+def median_run(runs: list[MethodRun]) -> MethodRun:
+    """The run with the median seconds per generated token (the lower middle for even counts)."""
+    ordered = sorted(runs, key=lambda run: run.seconds / max(len(run.token_ids), 1))
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def machine_description() -> str:
     """CPU model, core count and torch threads (and the GPU name when one is used)."""
     model = platform.processor() or platform.machine()
@@ -136,7 +142,10 @@ def run_bench(
     tree: TreeConfig,
     methods: tuple[str, ...] = METHODS,
     progress: Callable[[int, int, str], None] | None = None,
+    repeats: int = 1,
 ) -> BenchResult:
+    """Every prompt runs ``repeats`` times per method, methods interleaved; the run with the
+    median time per token counts, so a burst of load on a shared machine hits no method alone."""
     costs: CostModel | None = pair.tree_costs()
     results: list[PromptResult] = []
     encoded = [prompt_ids(pair.tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
@@ -149,19 +158,22 @@ def run_bench(
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
         sampling = SamplingConfig(temperature=temperature, seed=index)
         result = PromptResult(prompt)
-        for method in methods:
-            if progress is not None:
-                progress(index, len(prompts), method)
-            if method == "prompt_lookup":
-                config = GenerationConfig(
-                    mode="vanilla", max_new_tokens=max_new_tokens, sampling=sampling
-                )
-                result.runs[method] = run_prompt_lookup(pair, ids, config)
-            else:
-                config = GenerationConfig(
-                    mode=method, max_new_tokens=max_new_tokens, sampling=sampling, tree=tree
-                )
-                result.runs[method] = run_engine(pair, ids, config, costs)
+        runs: dict[str, list[MethodRun]] = {method: [] for method in methods}
+        for _ in range(max(1, repeats)):
+            for method in methods:
+                if progress is not None:
+                    progress(index, len(prompts), method)
+                if method == "prompt_lookup":
+                    config = GenerationConfig(
+                        mode="vanilla", max_new_tokens=max_new_tokens, sampling=sampling
+                    )
+                    runs[method].append(run_prompt_lookup(pair, ids, config))
+                else:
+                    config = GenerationConfig(
+                        mode=method, max_new_tokens=max_new_tokens, sampling=sampling, tree=tree
+                    )
+                    runs[method].append(run_engine(pair, ids, config, costs))
+        result.runs = {method: median_run(done) for method, done in runs.items()}
         results.append(result)
     settings = {
         "target": pair.target_path, "head": pair.head_path, "head_kind": pair.info.head_kind,
@@ -169,7 +181,7 @@ def run_bench(
         "machine": machine_description(),
         "temperature": temperature, "max_new_tokens": max_new_tokens,
         "tree": "auto" if tree.auto else f"{tree.total_tokens}/{tree.depth}/{tree.top_k} {tree.shape}",
-        "num_prompts": len(prompts), "torch": torch.__version__,
+        "num_prompts": len(prompts), "repeats": max(1, repeats), "torch": torch.__version__,
     }  # fmt: skip
     cost_info = (
         {
@@ -178,6 +190,9 @@ def run_bench(
                 str(n): round(costs.verify_ratio(n), 3) for n in sorted(costs.verify_s)
             },
             "draft_step_ratio": round(costs.draft_step_s / costs.verify(1), 3),
+            "chain_step_ratio": round(
+                (costs.chain_step_s or costs.draft_step_s) / costs.verify(1), 3
+            ),
         }
         if costs
         else {}

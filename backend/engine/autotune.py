@@ -27,7 +27,8 @@ from backend.engine.tree import DraftTree
 LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=n, depth=d, top_k=k)
     for n, d, k in (
-        (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1), (6, 3, 2), (8, 4, 2), (10, 5, 2),
+        (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1), (6, 5, 1), (7, 6, 1), (6, 3, 2), (8, 4, 2),
+        (10, 5, 2),
         (12, 5, 3), (16, 5, 4), (16, 6, 3), (24, 6, 4), (32, 6, 6), (48, 7, 8), (60, 7, 10),
     )
 )  # fmt: skip
@@ -41,10 +42,12 @@ MAX_PROBE_GAP = 64
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Seconds per target forward by number of verified tokens, and per head draft step."""
+    """Seconds per target forward by number of verified tokens, and per head draft step (of a
+    branching tree, and of a top-1 chain, which skips the tree bookkeeping)."""
 
     verify_s: dict[int, float]
     draft_step_s: float
+    chain_step_s: float = 0.0  # 0 = same as draft_step_s
 
     def verify(self, size: int) -> float:
         sizes = sorted(self.verify_s)
@@ -56,7 +59,12 @@ class CostModel:
     def round_s(self, tree: TreeConfig | None) -> float:
         if tree is None:
             return self.verify(1)
-        return self.verify(tree.total_tokens) + tree.depth * self.draft_step_s
+        return self.verify(tree.total_tokens) + tree.depth * self.step_s(tree)
+
+    def step_s(self, tree: TreeConfig) -> float:
+        if tree.top_k == 1 and self.chain_step_s > 0:
+            return self.chain_step_s
+        return self.draft_step_s
 
     def verify_ratio(self, size: int) -> float:
         """Cost of verifying ``size`` tokens relative to one plain step."""
@@ -90,22 +98,24 @@ def measure_costs(runner, drafter, context: int = 64, repeats: int = 5) -> CostM
     for size in MEASURED_SIZES:  # more tokens never cost less
         running = max(running, verify_s[size])
         verify_s[size] = running
-    draft_step_s = 0.0
+    draft_step_s = chain_step_s = 0.0
     if drafter is not None:
-        draft_step_s = _time_head_step(runner, drafter, prompt, repeats)
-    return CostModel(verify_s=verify_s, draft_step_s=draft_step_s)
+        draft_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=2)
+        chain_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=1)
+    return CostModel(verify_s=verify_s, draft_step_s=draft_step_s, chain_step_s=chain_step_s)
 
 
-def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int) -> float:
+def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int, top_k: int) -> float:
     cache = runner.new_cache()
     step = runner.prefill(prompt, cache, with_features=True)
+    tree = TreeConfig(total_tokens=1 + 4 * top_k, depth=4, top_k=top_k)
     samples = []
     for _ in range(repeats):
         drafter.begin(prompt, 0, step.features)
         drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
         device_sync(runner.device)
         start = time.perf_counter()
-        drafter.propose(0, TreeConfig(total_tokens=9, depth=4, top_k=2))
+        drafter.propose(0, tree)
         device_sync(runner.device)
         samples.append((time.perf_counter() - start) / 4)
     return min(samples)

@@ -23,7 +23,7 @@ import torch
 
 from backend.config import SamplingConfig, TreeConfig
 from backend.engine import kv
-from backend.engine.sampling import processed_probs
+from backend.engine.sampling import draw, processed_probs
 from backend.engine.tree import DraftTree, static_levels
 from models.heads.base import DraftHead
 from models.heads.layers import causal_bias
@@ -88,24 +88,45 @@ class EagleDrafter:
         if tree.shape == "static":
             return self._propose_static(root_token, tree.depth)
         if sampling is not None and not sampling.greedy and generator is not None:
-            return self._propose_sampled(root_token, tree, sampling, generator)
+            branches = max(1, min(tree.top_k, (tree.total_tokens - 1) // tree.depth))
+            if branches == 1:
+                depth = min(tree.depth, tree.total_tokens - 1)
+                return self._propose_chain(root_token, depth, sampling, generator)
+            return self._propose_sampled(root_token, tree, branches, sampling, generator)
         if tree.top_k == 1 or tree.total_tokens == tree.depth + 1:
             return self._propose_chain(root_token, min(tree.depth, tree.total_tokens - 1))
         return self._propose_dynamic(root_token, tree)
 
-    def _propose_chain(self, root_token: int, depth: int) -> DraftTree:
-        """The top-1 path: what the dynamic tree gives with top_k=1, without its bookkeeping
-        (one query per step sees everything before it, so no tree mask is needed)."""
-        hidden, drafts = self._root_hidden, []
+    def _propose_chain(
+        self,
+        root_token: int,
+        depth: int,
+        sampling: SamplingConfig | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DraftTree:
+        """One path: the head's top-1 token per step (what the dynamic tree gives with
+        top_k=1), or one draw from its q per step. No tree bookkeeping: each step's single
+        query sees everything before it, so no mask is needed."""
+        hidden, drafts, proposals = self._root_hidden, [], []
         for step in range(depth):
-            token = self.head.logits(hidden)[0, -1].argmax()[None]  # [1] draft id
+            logits = self.head.logits(hidden)[0, -1]  # [Vd]
+            if sampling is None:
+                token = logits.argmax()[None]  # [1] draft id
+            else:
+                q = processed_probs(logits, sampling)
+                proposals.append(q)
+                token = draw(q, generator).to(self.device)  # [1]
             drafts.append(token)
             if step + 1 < depth:
                 positions = torch.full((1, 1), self._committed + step, device=self.device)
                 target_id = self.head.to_target_ids(token)[None]
                 hidden = self.head(hidden, target_id, positions, None, self._cache)
         tokens = torch.cat([self._tokens([root_token]), self.head.to_target_ids(torch.cat(drafts))])
-        return DraftTree.chain(tokens)
+        if not proposals:
+            return DraftTree.chain(tokens)
+        proposals.append(torch.zeros_like(proposals[-1]))  # the leaf has no children
+        vocab = proposals[0].numel()
+        return DraftTree.chain(tokens, torch.stack(proposals), self._draft_ids(vocab))
 
     def _propose_dynamic(self, root_token: int, config: TreeConfig) -> DraftTree:
         """EAGLE-2: expand the best top_k frontier nodes per level by cumulative log-prob, then
@@ -158,6 +179,7 @@ class EagleDrafter:
         self,
         root_token: int,
         config: TreeConfig,
+        branches: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
     ) -> DraftTree:
@@ -166,9 +188,8 @@ class EagleDrafter:
         Lossless verification needs every node's children to be i.i.d. draws from the q it
         records, so nothing is pruned by value after drawing (unlike the top-k tree). Node
         layout is level by level: node 1 + (d-1)*B + b is branch b at depth d."""
-        branches = max(1, min(config.top_k, (config.total_tokens - 1) // config.depth))
         q = processed_probs(self._log_probs(self._root_hidden), sampling)  # [1, Vd]
-        drawn = torch.multinomial(q.cpu(), branches, replacement=True, generator=generator)[0]
+        drawn = draw(q[0], generator, branches)  # i.i.d., duplicates allowed
         levels, proposals = [drawn.to(self.device)], [q.expand(branches, -1)]
         hidden = self._root_hidden.expand(1, branches, -1)
         tree_mask = torch.zeros(branches, 0, dtype=torch.bool, device=self.device)
@@ -176,7 +197,7 @@ class EagleDrafter:
             hidden, log_probs, tree_mask = self._expand(hidden, levels[-1], depth, tree_mask)
             q = processed_probs(log_probs, sampling)  # [B, Vd]
             proposals.append(q)
-            drawn = torch.multinomial(q.cpu(), 1, generator=generator)[:, 0]
+            drawn = draw(q, generator)[:, 0]
             levels.append(drawn.to(self.device))
         depth_count = len(levels)
         node = torch.arange(branches * depth_count, device=self.device) + 1

@@ -45,7 +45,12 @@ class DraftTree:
         )
 
     @classmethod
-    def chain(cls, token_ids: torch.Tensor) -> DraftTree:
+    def chain(
+        cls,
+        token_ids: torch.Tensor,
+        proposal_probs: torch.Tensor | None = None,
+        proposal_ids: torch.Tensor | None = None,
+    ) -> DraftTree:
         """A single path: node i is the child of node i - 1."""
         size, device = token_ids.numel(), token_ids.device
         steps = torch.arange(size, device=device)
@@ -54,6 +59,8 @@ class DraftTree:
             parents=steps - 1,
             depths=steps,
             ancestors=torch.ones(size, size, dtype=torch.bool, device=device).tril_(),
+            proposal_probs=proposal_probs,
+            proposal_ids=proposal_ids,
         )
 
     @classmethod

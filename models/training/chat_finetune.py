@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.training.data import Conversation, tokenize_conversations
+from models.training.data import Conversation, pad_examples, tokenize_conversations
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def finetune_on_conversations(
         rng.shuffle(order)
         for start in range(0, len(order), options.batch_size):
             batch = [examples[i] for i in order[start : start + options.batch_size]]
-            ids, mask, valid = _pad(batch, pad_id, device)
+            ids, mask, valid = pad_examples(batch, pad_id, options.max_length, device)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, total, options)
             logits = model(input_ids=ids, attention_mask=valid).logits[:, :-1].float()
@@ -81,19 +81,6 @@ def finetune_on_conversations(
     model.eval()
     head, tail = losses[:10], losses[-10:]
     return FinetuneResult(step, sum(head) / len(head), sum(tail) / len(tail))
-
-
-def _pad(batch, pad_id: int, device: torch.device):
-    length = max(len(e.input_ids) for e in batch)
-    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), length), dtype=torch.bool)
-    valid = torch.zeros((len(batch), length), dtype=torch.long)
-    for row, example in enumerate(batch):
-        n = len(example.input_ids)
-        ids[row, :n] = torch.tensor(example.input_ids)
-        mask[row, :n] = torch.tensor(example.loss_mask, dtype=torch.bool)
-        valid[row, :n] = 1
-    return ids.to(device), mask.to(device), valid.to(device)
 
 
 def _lr(step: int, total: int, options: FinetuneOptions) -> float:

@@ -288,6 +288,23 @@ def tokenize_conversations(
     return examples
 
 
+def pad_examples(
+    examples: Sequence[TokenizedExample], pad_id: int, max_length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad a batch: token ids [B, S], assistant mask [B, S] bool (False on padding) and
+    the attention mask [B, S] (1 on real tokens), truncated to ``max_length``."""
+    length = min(max(len(e.input_ids) for e in examples), max_length)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.bool)
+    valid = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = min(len(example.input_ids), length)
+        ids[row, :n] = torch.tensor(example.input_ids[:n])
+        mask[row, :n] = torch.tensor(example.loss_mask[:n], dtype=torch.bool)
+        valid[row, :n] = 1
+    return ids.to(device), mask.to(device), valid.to(device)
+
+
 # ---- regeneration ----------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from models.features import FeatureCapture
 from models.heads.base import DraftHead
-from models.training.data import TokenizedExample
+from models.training.data import TokenizedExample, pad_examples
 
 EAGLE1_VALUE_WEIGHT = 1.0  # smooth-L1 feature regression
 EAGLE1_PROB_WEIGHT = 0.1  # soft cross-entropy against the target's next-token distribution
@@ -62,16 +62,7 @@ def target_batch(
     device: torch.device,
 ) -> TargetBatch:
     """Pad a batch on the right and run the frozen target once: features and logits."""
-    length = min(max(len(e.input_ids) for e in examples), max_length)
-    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), length), dtype=torch.bool)
-    valid = torch.zeros((len(examples), length), dtype=torch.long)
-    for row, example in enumerate(examples):
-        n = min(len(example.input_ids), length)
-        ids[row, :n] = torch.tensor(example.input_ids[:n])
-        mask[row, :n] = torch.tensor(example.loss_mask[:n], dtype=torch.bool)
-        valid[row, :n] = 1
-    ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
+    ids, mask, valid = pad_examples(examples, pad_id, max_length, device)
     with FeatureCapture(target, feature_layers) as capture:
         logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
         features = capture.features().to(device)  # [B, S, F] (a dispatched target may differ)

@@ -9,7 +9,7 @@ import pytest
 
 from backend.bench.prompts import BenchPrompt, load_prompts
 from backend.bench.report import summarize, to_markdown, write_reports
-from backend.bench.runner import BenchResult, MethodRun, PromptResult, run_bench
+from backend.bench.runner import BenchResult, MethodRun, PromptResult, median_run, run_bench
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import InputError
 from backend.services.loading import load_pair
@@ -81,3 +81,30 @@ def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
     assert set(data["summary"]) == {"vanilla", "eagle", "prompt_lookup"}
     assert (tmp_path / "out" / "speed.png").stat().st_size > 1000
     assert "Acceptance per draft depth" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_repeats_keep_the_median_run_by_time_per_token() -> None:
+    def run(seconds: float, tokens: int) -> MethodRun:
+        return MethodRun("eagle", tuple(range(tokens)), seconds, 0.0, 1, ())
+
+    fast, middle, burst = run(1.0, 10), run(3.0, 20), run(9.0, 10)  # 0.1, 0.15, 0.9 s/token
+    assert median_run([burst, fast, middle]) is middle
+    assert median_run([burst, fast]) is fast  # even count: the lower middle
+    assert median_run([middle]) is middle
+
+
+def test_repeated_bench_interleaves_and_records_repeats(tmp_path) -> None:
+    tokenizer = tiny_tokenizer(tmp_path / "target")
+    target, head = easy_llama_pair(vocab_size=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    save_head(head, tmp_path / "head")
+    pair = load_pair(LoadConfig(target=str(tmp_path / "target"), head=str(tmp_path / "head")))
+    order = []
+    result = run_bench(
+        pair, load_prompts(limit=1), max_new_tokens=8, temperature=0.0,
+        tree=TreeConfig(total_tokens=4, depth=3, top_k=1), methods=("vanilla", "eagle"),
+        progress=lambda index, total, method: order.append(method), repeats=3,
+    )  # fmt: skip
+    assert order == ["vanilla", "eagle"] * 3
+    assert result.settings["repeats"] == 3
+    assert "run 3x per method" in to_markdown(result, summarize(result), "cmd")

@@ -93,3 +93,17 @@ def test_auto_tree_with_a_good_head_drafts_and_is_exact() -> None:
     assert eagle.token_ids == vanilla.token_ids
     assert eagle.tau > 2.0
     assert all(r.tree_size > 1 for r in rounds[1:])
+
+
+def test_cheap_chain_steps_make_chains_win_when_branching_costs_more() -> None:
+    """Chains draft without tree bookkeeping; when their measured step is cheaper the cost
+    model charges them less, and with steep verification a chain is chosen."""
+    costs = CostModel(CPU_LIKE.verify_s, draft_step_s=0.0015, chain_step_s=0.0004)
+    chain, tree = TreeConfig(6, 5, 1), TreeConfig(6, 3, 2)
+    assert costs.round_s(chain) == costs.verify(6) + 5 * 0.0004
+    assert costs.round_s(tree) == costs.verify(6) + 3 * 0.0015
+    cheap = trained(TreePolicy(costs), 0.85).choose()
+    assert cheap is not None and cheap.top_k == 1
+    dear = CostModel(CPU_LIKE.verify_s, draft_step_s=0.0015, chain_step_s=0.0015)
+    costly = trained(TreePolicy(dear), 0.85).choose()
+    assert costly is None or costly.depth <= cheap.depth  # dearer steps never draft deeper

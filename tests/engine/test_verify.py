@@ -177,6 +177,11 @@ def test_sampled_trees_are_chains_of_draws_with_their_distributions() -> None:
     for node in range(1, tree.size):  # every draft had positive probability under its q
         column = (tree.proposal_ids == tree.token_ids[node]).nonzero().flatten()
         assert float(tree.proposal_probs[tree.parents[node], column].sum()) > 0
+    chain = drafter.propose(7, TreeConfig(total_tokens=5, depth=6, top_k=1), sampling,
+                            make_generator(1))  # fmt: skip
+    assert chain.is_chain and chain.size == 5  # total_tokens caps the depth
+    rows = chain.proposal_probs.sum(dim=-1)
+    assert torch.allclose(rows[:4], torch.ones(4)) and rows[4] == 0
 
 
 def test_chain_fast_path_equals_the_top1_dynamic_tree() -> None:

@@ -16,7 +16,10 @@ def test_batched_answers_match_single_generation(tmp_path) -> None:
     target.generation_config.eos_token_id = tokenizer.eos_token_id
     prompts = [
         [{"role": "user", "content": "hello world"}],
-        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox jumps"}],
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "the quick brown fox jumps"},
+        ],
         [{"role": "user", "content": "ok"}],
     ]
     answered = answer_prompts(target, tokenizer, prompts, max_new_tokens=12, batch_size=3)
