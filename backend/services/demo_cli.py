@@ -42,7 +42,7 @@ HEAD_SETTINGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--prompts", type=int, default=1500, help="prompts answered greedily")
+    parser.add_argument("--prompts", type=int, default=2000, help="prompts answered greedily")
     parser.add_argument(
         "--sampled-prompts", type=int, default=500,
         help="further prompts answered at temperature 1 (the heads then also learn sampled text)",

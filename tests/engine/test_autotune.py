@@ -107,3 +107,15 @@ def test_cheap_chain_steps_make_chains_win_when_branching_costs_more() -> None:
     dear = CostModel(CPU_LIKE.verify_s, draft_step_s=0.0015, chain_step_s=0.0015)
     costly = trained(TreePolicy(dear), 0.85).choose()
     assert costly is None or costly.depth <= cheap.depth  # dearer steps never draft deeper
+
+
+def test_sampled_policy_only_considers_chains() -> None:
+    """Even with flat GPU-like costs, where top-k trees grow to 32-60 nodes, a policy for
+    sampled drafts picks a chain, as deep as the acceptance pays for."""
+    from backend.engine.autotune import SAMPLED_LADDER
+
+    assert all(t.top_k == 1 and t.total_tokens == t.depth + 1 for t in SAMPLED_LADDER)
+    deep = trained(TreePolicy(GPU_LIKE, ladder=SAMPLED_LADDER), 0.95).choose()
+    shallow = trained(TreePolicy(CPU_LIKE, ladder=SAMPLED_LADDER), 0.6).choose()
+    assert deep is not None and deep in SAMPLED_LADDER and deep.depth >= 6
+    assert shallow is None or shallow.depth < deep.depth
