@@ -145,6 +145,11 @@ class TreePolicy:
     def __post_init__(self) -> None:
         self._best = _UNKNOWN
 
+    def begin_request(self) -> None:
+        """A new prompt is new text: if drafting was switched off, probe on its first round
+        rather than carrying the old reply's back-off into it."""
+        self.plain_steps = self.probe_gap
+
     def choose(self) -> TreeConfig | None:
         if self._best is _UNKNOWN:  # estimates changed since the last choice
             self._best = self._best_tree()

@@ -98,6 +98,8 @@ def generate(
         policy = None
     elif policy is None:
         policy = TreePolicy(costs, ladder=LADDER if sampling.greedy else SAMPLED_LADDER)
+    if policy is not None:
+        policy.begin_request()
 
     round_index = 0
     while stop_reason is None:

@@ -119,3 +119,14 @@ def test_sampled_policy_only_considers_chains() -> None:
     shallow = trained(TreePolicy(CPU_LIKE, ladder=SAMPLED_LADDER), 0.6).choose()
     assert deep is not None and deep in SAMPLED_LADDER and deep.depth >= 6
     assert shallow is None or shallow.depth < deep.depth
+
+
+def test_a_new_request_probes_at_once_after_a_back_off() -> None:
+    policy = trained(TreePolicy(CPU_LIKE), 0.0, rounds=12)
+    while (tree := policy.choose()) is not None:  # let a pending probe fail
+        policy.observe(tree, 0)
+    assert policy.choose() is None  # backed off within the old reply
+    policy.begin_request()
+    assert policy.choose() == LADDER[0]  # the new prompt gets a probe on its first round
+    policy.observe(LADDER[0], 0)
+    assert policy.choose() is None  # a failed probe keeps the back-off
