@@ -59,12 +59,17 @@ def test_prompt_files(tmp_path) -> None:
         load_prompts(bad)
 
 
-def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
+def easy_pair_on_disk(tmp_path):
+    """The easy Llama pair saved and loaded back the way the bench command loads pairs."""
     tokenizer = tiny_tokenizer(tmp_path / "target")
     target, head = easy_llama_pair(vocab_size=len(tokenizer))
     target.save_pretrained(tmp_path / "target")
     save_head(head, tmp_path / "head")
-    pair = load_pair(LoadConfig(target=str(tmp_path / "target"), head=str(tmp_path / "head")))
+    return load_pair(LoadConfig(target=str(tmp_path / "target"), head=str(tmp_path / "head")))
+
+
+def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
+    pair = easy_pair_on_disk(tmp_path)
     prompts = load_prompts(limit=2)
     result = run_bench(
         pair,
@@ -94,11 +99,7 @@ def test_repeats_keep_the_median_run_by_time_per_token() -> None:
 
 
 def test_repeated_bench_interleaves_and_records_repeats(tmp_path) -> None:
-    tokenizer = tiny_tokenizer(tmp_path / "target")
-    target, head = easy_llama_pair(vocab_size=len(tokenizer))
-    target.save_pretrained(tmp_path / "target")
-    save_head(head, tmp_path / "head")
-    pair = load_pair(LoadConfig(target=str(tmp_path / "target"), head=str(tmp_path / "head")))
+    pair = easy_pair_on_disk(tmp_path)
     order = []
     result = run_bench(
         pair, load_prompts(limit=1), max_new_tokens=8, temperature=0.0,
