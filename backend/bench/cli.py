@@ -2,6 +2,7 @@
 
 python launch.py bench --pair demo --out bench-results/demo-cpu
 python launch.py bench --target PATH --head PATH --prompts ../shared/bench/mt_bench.jsonl
+python launch.py bench --synthetic 8b --total-tokens 60 --depth 6 --top-k 10 --limit 5   # GPU costs
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from backend.bench.prompts import load_prompts
 from backend.bench.report import LABELS, write_reports
 from backend.bench.runner import METHODS, run_bench
+from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import ConfigError
 from backend.services.catalog import find_pair
@@ -25,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", help="catalog pair name, e.g. demo")
     parser.add_argument("--target", help="target path or Hub id (instead of --pair)")
     parser.add_argument("--head", help="head path or Hub id (instead of --pair)")
+    parser.add_argument(
+        "--synthetic", choices=sorted(SHAPES),
+        help="random-weight Llama target + EAGLE-3 head of this shape (tiny, 1b, 8b): measures "
+        "per-round costs where no trained pair of that size is at hand; the speedup is meaningless",
+    )  # fmt: skip
     parser.add_argument("--prompts", help="FastChat-format JSONL (default: the built-in set)")
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -44,13 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.pair:
-        spec = find_pair(args.pair)
-        target, head = spec.target, spec.head
-    elif args.target and args.head:
-        target, head = args.target, args.head
-    else:
-        raise ConfigError("give --pair NAME, or --target and --head")
+    with tempfile.TemporaryDirectory(prefix="eaglechat-synthetic-") as scratch:
+        if args.synthetic:
+            target, head = write_synthetic_pair(args.synthetic, Path(scratch))
+            return _run(args, str(target), str(head))
+        if args.pair:
+            spec = find_pair(args.pair)
+            return _run(args, spec.target, spec.head)
+        if args.target and args.head:
+            return _run(args, args.target, args.head)
+    raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
+
+
+def _run(args: argparse.Namespace, target: str, head: str) -> int:
     tree = (
         TreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
         if args.total_tokens

@@ -1,0 +1,76 @@
+"""Random-weight target/head pairs of real model shapes, for measuring per-round overhead where no
+trained pair of that size is at hand (``bench --synthetic 8b`` on a GPU machine).
+
+Drafts of a random head are useless, so the speedup itself means nothing here; what the run
+measures is the cost side: verification of 1..60 tokens and one head step relative to one
+plain decoding step, and (with a fixed tree) the time a round spends drafting, verifying and
+in bookkeeping. The demo pair's tokenizer supplies prompts; its ids are a subset of the
+synthetic vocabulary.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from backend.services.loading import default_device
+from models.checkpoints import save_head
+from models.heads.config import HeadKind, head_config_for_target
+from models.heads.registry import head_class
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_TARGET = ROOT / "assets" / "demo" / "target"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+# Llama-family shapes: tiny (tests, CPU), Llama-3.2-1B and Llama-3.1-8B.
+SHAPES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=4096),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+}  # fmt: skip
+DRAFT_VOCAB = 32000  # EAGLE-3 heads for Llama 3 draft over 32k of the 128k tokens
+
+
+def synthetic_config(shape: str):
+    from transformers import LlamaConfig
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown synthetic shape {shape!r}; choose from {', '.join(SHAPES)}")
+    return LlamaConfig(
+        **SHAPES[shape], max_position_embeddings=4096, rope_theta=500000.0,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def write_synthetic_pair(shape: str, folder: Path, seed: int = 0) -> tuple[Path, Path]:
+    """Save a random target (bfloat16 on GPUs, float32 on CPUs) and a random EAGLE-3 head;
+    returns (target_dir, head_dir) for the normal loader."""
+    from transformers import LlamaForCausalLM
+
+    config = synthetic_config(shape)
+    device = default_device()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(seed)
+    with device:  # initialise where it will run: an 8B model is built in seconds on a GPU
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    target_dir, head_dir = folder / "target", folder / "head"
+    model.save_pretrained(target_dir)
+    for name in TOKENIZER_FILES:
+        if (DEMO_TARGET / name).is_file():
+            shutil.copy(DEMO_TARGET / name, target_dir / name)
+    draft_vocab = min(DRAFT_VOCAB, config.vocab_size)
+    head_config = head_config_for_target(config, HeadKind.EAGLE3, draft_vocab_size=draft_vocab)
+    head = head_class(HeadKind.EAGLE3)(head_config).eval()
+    if head_config.has_reduced_vocab:  # the draft vocabulary is the first draft_vocab ids
+        head.d2t.zero_()
+        head.t2d.zero_()
+        head.t2d[:draft_vocab] = True
+    save_head(head, head_dir)
+    del model
+    return target_dir, head_dir

@@ -1,0 +1,38 @@
+"""Synthetic pairs for measuring per-round costs at real model shapes (bench --synthetic)."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.bench.synthetic import SHAPES, synthetic_config, write_synthetic_pair
+from backend.config import GenerationConfig, LoadConfig, TreeConfig
+from backend.engine.loop import generate
+from backend.events import Finished
+from backend.services.loading import load_pair
+
+
+def test_real_shapes_have_their_parameter_counts() -> None:
+    """Llama-3.2-1B is 1.50B parameters untied (1.24B tied), Llama-3.1-8B 8.03B."""
+    from transformers import LlamaForCausalLM
+
+    for shape, expected in (("1b", 1.50e9), ("8b", 8.03e9)):
+        config = synthetic_config(shape)
+        with torch.device("meta"):
+            count = LlamaForCausalLM(config).num_parameters()
+        assert abs(count - expected) / expected < 0.01, (shape, count)
+    assert set(SHAPES) == {"tiny", "1b", "8b"}
+
+
+def test_tiny_synthetic_pair_loads_and_stays_lossless(tmp_path) -> None:
+    target, head = write_synthetic_pair("tiny", tmp_path)
+    pair = load_pair(LoadConfig(target=str(target), head=str(head)))
+    assert pair.info.head_kind == "eagle3"
+    ids = [1, 5, 9, 300, 4000]
+    outputs = {}
+    for mode in ("vanilla", "eagle"):
+        config = GenerationConfig(
+            mode=mode, max_new_tokens=12, tree=TreeConfig(total_tokens=8, depth=4, top_k=2)
+        )
+        events = list(generate(pair.runner, pair.drafter, ids, config, pair.eos_ids))
+        outputs[mode] = next(e for e in events if isinstance(e, Finished)).summary.token_ids
+    assert outputs["eagle"] == outputs["vanilla"] and len(outputs["vanilla"]) >= 1
