@@ -187,8 +187,9 @@ def _status_line(stats: LiveStats) -> str:
     if stats.summary is not None:
         reason = STOP_REASONS.get(stats.summary.stop_reason, stats.summary.stop_reason)
         line = f"Finished ({reason}) in {stats.summary.total_s:.2f} s."
-        if stats.summary.hint:
-            line += f" {stats.summary.hint}"
+        hint = stats.summary.hint
+        if hint:  # the engine's hint is a clause ("drafting took 37% ..."): make it a sentence
+            line += f" Why not faster: {hint.rstrip('.')}."
         return line
     if stats.waiting:
         return "Waiting for the model: another request is running…"

@@ -97,6 +97,15 @@ def test_stats_markdown_shows_every_number_and_the_final_state() -> None:
     assert "speedup" not in stats_markdown(stats, baseline_tps=10.0, mode="vanilla")
 
 
+def test_slow_reply_hint_reads_as_a_sentence() -> None:
+    rounds = scripted_rounds()
+    summary = dataclasses.replace(
+        summary_of(rounds, "eos"), hint="drafting took 37% of the round time"
+    )
+    text = stats_markdown(fold([*rounds, Finished("r", summary)]))
+    assert "Why not faster: drafting took 37% of the round time." in text
+
+
 def test_empty_stats_render_placeholders() -> None:
     text = stats_markdown(LiveStats())
     assert "| avg acceptance length (τ) | – |" in text
