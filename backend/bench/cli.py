@@ -52,15 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="eaglechat-synthetic-") as scratch:
-        if args.synthetic:
+    if args.synthetic:
+        with tempfile.TemporaryDirectory(prefix="eaglechat-synthetic-") as scratch:
             target, head = write_synthetic_pair(args.synthetic, Path(scratch))
             return _run(args, str(target), str(head))
-        if args.pair:
-            spec = find_pair(args.pair)
-            return _run(args, spec.target, spec.head)
-        if args.target and args.head:
-            return _run(args, args.target, args.head)
+    if args.pair:
+        spec = find_pair(args.pair)
+        return _run(args, spec.target, spec.head)
+    if args.target and args.head:
+        return _run(args, args.target, args.head)
     raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
 
 

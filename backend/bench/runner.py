@@ -190,9 +190,7 @@ def run_bench(
                 str(n): round(costs.verify_ratio(n), 3) for n in sorted(costs.verify_s)
             },
             "draft_step_ratio": round(costs.draft_step_s / costs.verify(1), 3),
-            "chain_step_ratio": round(
-                (costs.chain_step_s or costs.draft_step_s) / costs.verify(1), 3
-            ),
+            "chain_step_ratio": round(costs.step_s(chain=True) / costs.verify(1), 3),
         }
         if costs
         else {}

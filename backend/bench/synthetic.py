@@ -72,5 +72,4 @@ def write_synthetic_pair(shape: str, folder: Path, seed: int = 0) -> tuple[Path,
         head.t2d.zero_()
         head.t2d[:draft_vocab] = True
     save_head(head, head_dir)
-    del model
     return target_dir, head_dir

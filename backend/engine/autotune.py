@@ -65,10 +65,11 @@ class CostModel:
     def round_s(self, tree: TreeConfig | None) -> float:
         if tree is None:
             return self.verify(1)
-        return self.verify(tree.total_tokens) + tree.depth * self.step_s(tree)
+        return self.verify(tree.total_tokens) + tree.depth * self.step_s(chain=tree.top_k == 1)
 
-    def step_s(self, tree: TreeConfig) -> float:
-        if tree.top_k == 1 and self.chain_step_s > 0:
+    def step_s(self, chain: bool) -> float:
+        """One head step, in a top-1 chain or in a branching tree."""
+        if chain and self.chain_step_s > 0:
             return self.chain_step_s
         return self.draft_step_s
 
@@ -144,6 +145,11 @@ class TreePolicy:
 
     def __post_init__(self) -> None:
         self._best = _UNKNOWN
+
+    @classmethod
+    def for_decoding(cls, costs: CostModel, sampled: bool) -> TreePolicy:
+        """A policy over the shapes the drafter builds: top-k trees, or chains when sampling."""
+        return cls(costs, ladder=SAMPLED_LADDER if sampled else LADDER)
 
     def begin_request(self) -> None:
         """A new prompt is new text: if drafting was switched off, probe on its first round

@@ -54,7 +54,8 @@ class EagleDrafter:
         self.head = head
         self.feature_indices = head.feature_layers(num_target_layers)
         self.dtype, self.device = head.dtype_device()
-        self._draft_ids_cache: torch.Tensor | None = None
+        columns = torch.arange(head.config.draft_vocab_size, device=self.device)
+        self._draft_ids = head.to_target_ids(columns)  # target id of each draft logit column
         self._cache = kv.new_cache()
         self._committed = 0
         self._root_hidden: torch.Tensor | None = None  # [1, 1, H]
@@ -87,14 +88,14 @@ class EagleDrafter:
         self._flush()
         if tree.shape == "static":
             return self._propose_static(root_token, tree.depth)
+        chain_depth = min(tree.depth, tree.total_tokens - 1)
         if sampling is not None and not sampling.greedy and generator is not None:
             branches = max(1, min(tree.top_k, (tree.total_tokens - 1) // tree.depth))
             if branches == 1:
-                depth = min(tree.depth, tree.total_tokens - 1)
-                return self._propose_chain(root_token, depth, sampling, generator)
+                return self._propose_chain(root_token, chain_depth, sampling, generator)
             return self._propose_sampled(root_token, tree, branches, sampling, generator)
         if tree.top_k == 1 or tree.total_tokens == tree.depth + 1:
-            return self._propose_chain(root_token, min(tree.depth, tree.total_tokens - 1))
+            return self._propose_chain(root_token, chain_depth)
         return self._propose_dynamic(root_token, tree)
 
     def _propose_chain(
@@ -125,8 +126,7 @@ class EagleDrafter:
         if not proposals:
             return DraftTree.chain(tokens)
         proposals.append(torch.zeros_like(proposals[-1]))  # the leaf has no children
-        vocab = proposals[0].numel()
-        return DraftTree.chain(tokens, torch.stack(proposals), self._draft_ids(vocab))
+        return DraftTree.chain(tokens, torch.stack(proposals), self._draft_ids)
 
     def _propose_dynamic(self, root_token: int, config: TreeConfig) -> DraftTree:
         """EAGLE-2: expand the best top_k frontier nodes per level by cumulative log-prob, then
@@ -213,7 +213,7 @@ class EagleDrafter:
             torch.cat([torch.tensor([-1], device=self.device), parents]),
             torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), depths]),
             proposal_probs=probs,
-            proposal_ids=self._draft_ids(q.shape[-1]),
+            proposal_ids=self._draft_ids,
         )
 
     def _propose_static(self, root_token: int, depth: int) -> DraftTree:
@@ -315,13 +315,6 @@ class EagleDrafter:
         out = self.head(hidden_in, next_tokens[None], positions[None], bias, self._cache)
         self._committed += count
         self._root_hidden = out[:, -1:]
-
-    def _draft_ids(self, draft_vocab_size: int) -> torch.Tensor:
-        """Target id of every draft-vocabulary column (computed once)."""
-        if self._draft_ids_cache is None:
-            columns = torch.arange(draft_vocab_size, device=self.device)
-            self._draft_ids_cache = self.head.to_target_ids(columns)
-        return self._draft_ids_cache
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(hidden)[0].float(), dim=-1)

@@ -18,7 +18,7 @@ import torch
 
 from backend.config import GenerationConfig
 from backend.engine import kv
-from backend.engine.autotune import LADDER, SAMPLED_LADDER, CostModel, TreePolicy, measure_costs
+from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.detok import IncrementalDetokenizer
 from backend.engine.device import now
 from backend.engine.drafter import Drafter
@@ -97,7 +97,7 @@ def generate(
     if use_drafter is None or not config.tree.auto:
         policy = None
     elif policy is None:
-        policy = TreePolicy(costs, ladder=LADDER if sampling.greedy else SAMPLED_LADDER)
+        policy = TreePolicy.for_decoding(costs, sampled=not sampling.greedy)
     if policy is not None:
         policy.begin_request()
 

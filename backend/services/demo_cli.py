@@ -133,8 +133,9 @@ def finetune_target(target: Path, data_dir: Path, args: argparse.Namespace, work
     before = reply_entropy(model, tokenizer, held_out)
     options = FinetuneOptions(epochs=args.finetune_epochs)
     started = time.time()
+    report = _progress("fine-tune")
     result = finetune_on_conversations(
-        model, tokenizer, train, options, progress=lambda s, n, loss: _progress("fine-tune")(s, n)
+        model, tokenizer, train, options, progress=lambda step, total, _loss: report(step, total)
     )
     after = reply_entropy(model, tokenizer, held_out)
     logger.info("reply entropy %.2f -> %.2f nats", before, after)

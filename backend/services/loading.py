@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from backend.config import LoadConfig, TreeConfig
-from backend.engine.autotune import LADDER, SAMPLED_LADDER, CostModel, TreePolicy, measure_costs
+from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
@@ -67,9 +67,7 @@ class LoadedPair:
         if self.drafter is None:
             return None
         if sampled not in self.policies:
-            self.policies[sampled] = TreePolicy(
-                self.tree_costs(), ladder=SAMPLED_LADDER if sampled else LADDER
-            )
+            self.policies[sampled] = TreePolicy.for_decoding(self.tree_costs(), sampled)
         return self.policies[sampled]
 
 

@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from models.training.data import Conversation, pad_examples, tokenize_conversations
+from models.training.trainer import warmup_cosine
 
 logger = logging.getLogger(__name__)
+
+MIN_LR_RATIO = 0.1  # the cosine ends at a tenth of the peak learning rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ def finetune_on_conversations(
     steps_per_epoch = math.ceil(len(order) / options.batch_size)
     total = steps_per_epoch * options.epochs
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(total, options.warmup_steps, MIN_LR_RATIO)
+    )
     rng = random.Random(options.seed)
     losses: list[float] = []
     model.train()
@@ -65,8 +71,6 @@ def finetune_on_conversations(
         for start in range(0, len(order), options.batch_size):
             batch = [examples[i] for i in order[start : start + options.batch_size]]
             ids, mask, valid = pad_examples(batch, pad_id, options.max_length, device)
-            for group in optimizer.param_groups:
-                group["lr"] = _lr(step, total, options)
             logits = model(input_ids=ids, attention_mask=valid).logits[:, :-1].float()
             labels = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -74,6 +78,7 @@ def finetune_on_conversations(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            scheduler.step()
             losses.append(float(loss.detach()))
             step += 1
             if progress is not None:
@@ -81,14 +86,6 @@ def finetune_on_conversations(
     model.eval()
     head, tail = losses[:10], losses[-10:]
     return FinetuneResult(step, sum(head) / len(head), sum(tail) / len(tail))
-
-
-def _lr(step: int, total: int, options: FinetuneOptions) -> float:
-    """Linear warm-up, then cosine down to a tenth."""
-    if step < options.warmup_steps:
-        return options.lr * (step + 1) / options.warmup_steps
-    progress = (step - options.warmup_steps) / max(1, total - options.warmup_steps)
-    return options.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 @torch.inference_mode()

@@ -178,7 +178,9 @@ def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tens
 # ---- schedule ---------------------------------------------------------------------------------
 
 
-def _schedule(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+def warmup_cosine(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    """LR factor per step (for LambdaLR): linear warm-up, then cosine down to ``min_ratio``."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -266,7 +268,7 @@ def train_head(
         params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _schedule(total, warmup, config.min_lr_ratio)
+        optimizer, warmup_cosine(total, warmup, config.min_lr_ratio)
     )
     noise_rng = torch.Generator(device=device).manual_seed(config.seed)
     result = TrainResult(head=head, out_dir=out_dir, steps=0)
