@@ -339,9 +339,14 @@ def pair_info_markdown(info: PairInfo | None) -> str:
         return "**No model loaded.** Pick a pair in the *Models* tab and press *Load*."
     head = f"{info.head} ({info.head_kind})" if info.head else "no head (vanilla only)"
     quant = "" if info.quantization == "none" else f", {info.quantization}"
+    prompts = (
+        ""
+        if info.prompt_format == "chat template"
+        else " · **plain completion**: a base model without a chat template continues your text"
+    )
     return (
         f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "
-        f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}"
+        f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}{prompts}"
     )
 
 

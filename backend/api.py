@@ -73,20 +73,31 @@ class Backend:
         return load_catalog(self._catalog_path)
 
     def plan(
-        self, target: str, head: str | None = None, dtype: str = "auto", quantization: str = "none"
+        self,
+        target: str,
+        head: str | None = None,
+        dtype: str = "auto",
+        quantization: str = "none",
+        gguf_file: str | None = None,
     ) -> PairPlan:
         """Download sizes and memory needs of a pair, without downloading or loading anything.
 
         Raises the typed Hub/config errors (e.g. a repo neither cached nor reachable)."""
-        config = LoadConfig(target=target, head=head, dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
+        config = LoadConfig(
+            target=target, head=head, dtype=dtype, quantization=quantization, gguf_file=gguf_file
+        )  # type: ignore[arg-type]
         return planning.plan_pair(config)
 
     def download(
-        self, target: str, head: str | None = None, cancel: threading.Event | None = None
+        self,
+        target: str,
+        head: str | None = None,
+        cancel: threading.Event | None = None,
+        gguf_file: str | None = None,
     ) -> Iterator[DownloadEvent]:
         """Fetch what is missing of a pair into the HF cache; local folders need nothing."""
         try:
-            target_path = yield from planning.fetch(target, "target", cancel)
+            target_path = yield from planning.fetch(target, "target", cancel, gguf_file)
             head_path = (yield from planning.fetch(head, "head", cancel)) if head else None
             yield Downloaded(target_path=target_path, head_path=head_path)
         except EagleChatError as err:
@@ -229,7 +240,7 @@ class Backend:
     # ---- internals ---------------------------------------------------------------------------
     def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:
         yield Progress("resolve", 0, 3, "steps", f"locating {config.target}")
-        target_path = yield from planning.fetch(config.target, "target", None)
+        target_path = yield from planning.fetch(config.target, "target", None, config.gguf_file)
         head_path = (yield from planning.fetch(config.head, "head", None)) if config.head else None
         needed = planning.local_weight_bytes(config, target_path, head_path)
         yield Progress("resolve", 1, 3, "steps", f"weights need about {format_bytes(needed)}")

@@ -108,6 +108,7 @@ class LoadConfig:
     quantization: Quantization = "none"
     device_map: str | None = None  # accelerate device_map, e.g. "auto"; None = one device
     trust_remote_code: bool = False
+    gguf_file: str | None = None  # a .gguf file inside the target folder or Hub repo
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -116,3 +117,5 @@ class LoadConfig:
             raise ConfigError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.quantization not in ("none", "8bit", "4bit"):
             raise ConfigError(f"quantization must be none|8bit|4bit, got {self.quantization!r}")
+        if self.gguf_file is not None and not self.gguf_file.lower().endswith(".gguf"):
+            raise ConfigError(f"gguf_file must name a .gguf file, got {self.gguf_file!r}")

@@ -127,6 +127,9 @@ class PairInfo:
     parameters: int
     vocab_size: int
     max_context: int
+    # How prompts are written for the target: "chat template" (the tokenizer's own), or
+    # "plain completion" (a base model: the text is continued as it is).
+    prompt_format: str = "chat template"
 
 
 @dataclass(frozen=True, slots=True)

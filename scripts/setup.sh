@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+[ "${1:-}" = "--test" ] && extras="[test,gemma]"
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".${extras}"

@@ -33,7 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random-weight Llama target + EAGLE-3 head of this shape (tiny, 1b, 8b): measures "
         "per-round costs where no trained pair of that size is at hand; the speedup is meaningless",
     )  # fmt: skip
-    parser.add_argument("--prompts", help="FastChat-format JSONL (default: the built-in set)")
+    parser.add_argument("--prompts", help="FastChat-format JSONL, or a .txt of plain text cut "
+                        "into passages (default: the built-in set)")  # fmt: skip
+    parser.add_argument("--prompt-chars", type=int, default=600,
+                        help="passage length for a .txt prompt file (about 4 characters a token)")  # fmt: skip
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -58,20 +61,21 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, str(target), str(head))
     if args.pair:
         spec = find_pair(args.pair)
-        return _run(args, spec.target, spec.head)
+        return _run(args, spec.target, spec.head, spec.dtype)
     if args.target and args.head:
         return _run(args, args.target, args.head)
     raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
 
 
-def _run(args: argparse.Namespace, target: str, head: str) -> int:
+def _run(args: argparse.Namespace, target: str, head: str, pair_dtype: str = "auto") -> int:
     tree = (
         TreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
         if args.total_tokens
         else TreeConfig(auto=True)
     )
-    prompts = load_prompts(args.prompts, args.limit)
-    pair = load_pair(LoadConfig(target=target, head=head, dtype=args.dtype))
+    prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
+    dtype = pair_dtype if args.dtype == "auto" else args.dtype
+    pair = load_pair(LoadConfig(target=target, head=head, dtype=dtype))
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
 
     def progress(index: int, total: int, method: str) -> None:

@@ -1,6 +1,7 @@
 """Benchmark prompt sets in FastChat's question format: one JSON object a line with
 ``turns`` (the first turn is used). The project's own set is assets/bench_prompts.jsonl;
-the papers' sets (MT-bench, HumanEval, GSM8K, Alpaca) read the same way."""
+the papers' sets (MT-bench, HumanEval, GSM8K, Alpaca) read the same way. A ``.txt`` file gives
+passages of plain text (held-out text for base models, long contexts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.errors import InputError
+from models.training.data import text_chunks
 
 BUILTIN_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "bench_prompts.jsonl"
 
@@ -20,10 +22,20 @@ class BenchPrompt:
     text: str
 
 
-def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[BenchPrompt]:
+def load_prompts(
+    path: str | Path | None = None, limit: int | None = None, text_chars: int = 600
+) -> list[BenchPrompt]:
+    """FastChat questions, or from a .txt file consecutive passages of up to ``text_chars``
+    characters (cut at line or sentence ends): text for a base model to continue."""
     path = Path(path) if path else BUILTIN_PROMPTS
     if not path.is_file():
         raise InputError(f"prompt file {path} does not exist")
+    if path.suffix == ".txt":
+        passages = text_chunks(path.read_text(encoding="utf-8"), text_chars)
+        prompts = [BenchPrompt(f"{path.stem}-{i}", "text", p) for i, p in enumerate(passages)]
+        if not prompts:
+            raise InputError(f"prompt file {path} has no text")
+        return prompts[:limit] if limit else prompts
     prompts = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():

@@ -99,7 +99,8 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
     s = result.settings
     lines = [
         f"Machine: {s['machine']}, device {s['device']}, {s['dtype']}, torch {s['torch']}. "
-        f"{s['num_prompts']} prompts, max {s['max_new_tokens']} new tokens, temperature "
+        f"{s['num_prompts']} prompts (mean {s.get('prompt_tokens_mean', '?')} tokens), "
+        f"max {s['max_new_tokens']} new tokens, temperature "
         f"{s['temperature']}, tree {s['tree']}; each prompt run {s.get('repeats', 1)}x per "
         "method, interleaved, median run kept.",
         "",

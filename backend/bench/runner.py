@@ -182,6 +182,8 @@ def run_bench(
         "temperature": temperature, "max_new_tokens": max_new_tokens,
         "tree": "auto" if tree.auto else f"{tree.total_tokens}/{tree.depth}/{tree.top_k} {tree.shape}",
         "num_prompts": len(prompts), "repeats": max(1, repeats), "torch": torch.__version__,
+        "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
+        "prompt_tokens_min": min(map(len, encoded), default=0),
     }  # fmt: skip
     cost_info = (
         {

@@ -1,7 +1,7 @@
 """Forwards of an UNMODIFIED transformers causal LM: prefill, tree verification, plain steps.
 
-Tree attention goes through the model's public inputs only: a float additive 4D mask and
-explicit position ids. Features for the draft head are captured by hooks (models/features.py).
+Tree attention goes through the model's public inputs only: a float additive 4D mask (one per
+layer type for hybrid sliding-window models, see attention_layout.py) and explicit position ids. Features for the draft head are captured by hooks (models/features.py).
 Logits are computed only for the rows that are needed (``logits_to_keep``), never for a whole
 prompt.
 """
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from backend.engine import kv
-from backend.engine.tree import DraftTree, tree_attention_bias, tree_position_ids
+from backend.engine.attention_layout import AttentionLayout
+from backend.engine.tree import DraftTree, tree_position_ids
 from models.features import FeatureCapture, decoder_of
 
 
@@ -37,7 +38,7 @@ class TargetRunner:
         self.dtype = _compute_dtype(model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
-        self.sliding_window = _uniform_sliding_window(self.config)
+        self.layout = AttentionLayout.of(self.config, model)
         self._capture = FeatureCapture(model, feature_indices) if feature_indices else None
 
     def new_cache(self):
@@ -53,12 +54,10 @@ class TargetRunner:
     def verify(self, tree: DraftTree, cache, with_features: bool) -> TargetStep:
         """One forward over all tree nodes with tree attention; logits and features per node."""
         committed = kv.cache_length(cache)
-        if self.sliding_window is None and tree.is_chain:
-            bias, positions = None, None  # a chain is causal: let the model build its mask
+        if tree.is_chain:
+            bias, positions = None, None  # a chain is causal: the model builds its own masks
         else:
-            bias = tree_attention_bias(
-                tree, committed, self.dtype, self.device, self.sliding_window
-            )
+            bias = self.layout.tree_masks(tree, committed, self.dtype, self.device)
             positions = tree_position_ids(tree, committed, self.device)
         ids = tree.token_ids.to(self.device)[None]
         return self._run(ids, bias, positions, cache, logits_to_keep=0, with_features=with_features)
@@ -86,14 +85,3 @@ def _compute_dtype(model: nn.Module) -> torch.dtype:
         if param.dtype.is_floating_point:
             return param.dtype
     return torch.float32
-
-
-def _uniform_sliding_window(config) -> int | None:
-    """A window that applies to every layer (Mistral); mixed layer types are not windowed."""
-    window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types and any(t != "sliding_attention" for t in layer_types):
-        return None
-    return int(window)

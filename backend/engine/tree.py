@@ -131,12 +131,11 @@ def tree_attention_bias(
     allowed = torch.ones(size, committed + size, dtype=torch.bool, device=device)
     allowed[:, committed:] = tree.ancestors.to(device)
     if sliding_window is not None:
-        query_pos = committed + tree.depths.to(device)[:, None]
-        key_pos = torch.arange(committed + size, device=device)[None, :]
-        key_pos = torch.where(
-            key_pos < committed, key_pos, committed + tree.depths.to(device)[None, :]
-        )
-        allowed &= (query_pos - key_pos) < sliding_window
+        # Positions, not slots: a tree key sits at committed + its depth.
+        depths = tree.depths.to(device)
+        query_pos = committed + depths[:, None]
+        key_pos = torch.cat([torch.arange(committed, device=device), committed + depths])
+        allowed &= (query_pos - key_pos[None, :]) < sliding_window
     bias = torch.zeros(size, committed + size, dtype=dtype, device=device)
     bias.masked_fill_(~allowed, neg)
     return bias[None, None]

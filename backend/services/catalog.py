@@ -5,7 +5,7 @@ are validated strictly (unknown keys, bad kinds, bad tree settings raise ConfigE
 fails at load time with the entry named, not later as a confusing download or load error.
 
     >>> [p.name for p in load_catalog()][:2]
-    ['demo', 'vicuna-7b-eagle']
+    ['demo', 'gemma3-270m']
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 
 from backend.config import DType, TreeConfig
 from backend.errors import ConfigError
+from backend.services.target_source import PACKAGE_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,10 @@ def _parse_tree(tree: Any, where: str) -> TreeConfig:
 
 
 def _location(value: str, offline: bool, where: str) -> str:
-    """Offline pairs name repo-relative paths (made absolute here); others name Hub repo ids."""
+    """Offline pairs name repo-relative paths (made absolute here); others name Hub repo ids.
+    ``pypi:PACKAGE`` names a model shipped as a registry package (resolved when used)."""
+    if value.startswith(PACKAGE_PREFIX):
+        return value
     if offline:
         path = Path(value)
         return str(path if path.is_absolute() else (REPO_ROOT / path).resolve())

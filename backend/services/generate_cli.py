@@ -17,16 +17,16 @@ from backend.config import (
     SamplingConfig,
     TreeConfig,
 )
-from backend.errors import EagleChatError
+from backend.errors import ConfigError, EagleChatError
 from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
+from backend.services.catalog import find_pair
 
 _TREE = TreeConfig()
 _SAMPLING = SamplingConfig()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model: local path or Hub id")
-    parser.add_argument("--head", help="EAGLE draft head: local path or Hub id")
+    add_target_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--mode", choices=["eagle", "vanilla"], default=None,
@@ -54,13 +54,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
-def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
-    load = LoadConfig(
-        target=args.target, head=args.head, dtype=args.dtype, quantization=args.quantize,
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that name a pair, shared by every command that loads one."""
+    parser.add_argument("--pair", help="catalog pair name (e.g. demo, gemma3-270m) instead of "
+                        "--target/--head")  # fmt: skip
+    parser.add_argument("--target", help="target model: local folder, .gguf file, Hub id, or "
+                        "org/name:file.gguf")  # fmt: skip
+    parser.add_argument("--gguf-file", help="GGUF file inside the --target folder or Hub repo")
+    parser.add_argument("--head", help="EAGLE draft head: local path or Hub id")
+
+
+def load_config_from(args: argparse.Namespace) -> LoadConfig:
+    """A LoadConfig from --pair or --target/--head and the loading flags."""
+    target, head, dtype = args.target, args.head, args.dtype
+    if args.pair:
+        if target:
+            raise ConfigError("give --pair or --target, not both")
+        spec = find_pair(args.pair)
+        target, head = spec.target, head or spec.head
+        dtype = spec.dtype if dtype == "auto" else dtype
+    if not target:
+        raise ConfigError("no target model", hint="give --pair NAME or --target PATH")
+    return LoadConfig(
+        target=target, head=head, dtype=dtype, quantization=args.quantize,
         device_map=args.device_map, trust_remote_code=args.trust_remote_code,
+        gguf_file=args.gguf_file,
     )  # fmt: skip
+
+
+def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
+    load = load_config_from(args)
     generation = GenerationConfig(
-        mode=args.mode or ("eagle" if args.head else "vanilla"),
+        mode=args.mode or ("eagle" if load.head else "vanilla"),
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
         tree=tree_config(args),
@@ -84,7 +109,10 @@ def tree_config(args: argparse.Namespace) -> TreeConfig:
 def run(args: argparse.Namespace) -> int:
     load, generation = build_configs(args)  # config errors surface before any loading
     backend = Backend()
-    backend.load_blocking(load)
+    info = backend.load_blocking(load).info
+    if info.prompt_format != "chat template" and not args.json:
+        print(f"note: {info.target} has no chat template: plain completion (the prompt text is "
+              "continued as it is)", file=sys.stderr)  # fmt: skip
     messages = [{"role": "user", "content": args.prompt}]
     summary = None
     for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):

@@ -122,9 +122,14 @@ class _Settings:
     timeout_s: float
 
 
-def allow_patterns(kind: RepoKind, repo_files: Iterable[str]) -> list[str]:
-    """The files a loader needs: weights as safetensors, ``*.bin`` only when none exist."""
+def allow_patterns(
+    kind: RepoKind, repo_files: Iterable[str], gguf_file: str | None = None
+) -> list[str]:
+    """The files a loader needs: weights as safetensors, ``*.bin`` only when none exist; for a
+    GGUF target only its one file (it carries the config and the tokenizer)."""
     files = list(repo_files)
+    if gguf_file is not None:
+        return [gguf_file]
     if kind == "target":
         has_safetensors = any(_matches(f, SAFETENSORS_WEIGHTS) for f in files)
         return [*TARGET_FILES, *(SAFETENSORS_WEIGHTS if has_safetensors else BIN_WEIGHTS)]
@@ -133,16 +138,22 @@ def allow_patterns(kind: RepoKind, repo_files: Iterable[str]) -> list[str]:
     return ["config.json", weights]
 
 
-def select_files(kind: RepoKind, repo_files: Iterable[str]) -> list[str]:
+def select_files(
+    kind: RepoKind, repo_files: Iterable[str], gguf_file: str | None = None
+) -> list[str]:
     """Top-level repo files matching :func:`allow_patterns` (subfolders such as ``original/``
     hold other formats and are skipped)."""
-    files = [f for f in repo_files if "/" not in f]
-    patterns = allow_patterns(kind, files)
+    files = [f for f in repo_files if "/" not in f or f == gguf_file]
+    patterns = allow_patterns(kind, files, gguf_file)
     return sorted(f for f in files if _matches(f, patterns))
 
 
 def plan_download(
-    repo_id: str, kind: RepoKind, revision: str | None = None, token: str | None = None
+    repo_id: str,
+    kind: RepoKind,
+    revision: str | None = None,
+    token: str | None = None,
+    gguf_file: str | None = None,
 ) -> DownloadPlan:
     """Dry run: the files, their sizes and what is cached, from one Hub API request.
 
@@ -154,7 +165,9 @@ def plan_download(
     settings = _settings()
     revision = revision or constants.DEFAULT_REVISION
     if settings.offline:
-        return _plan_from_cache(repo_id, kind, revision, settings, "offline mode is on")
+        return _plan_from_cache(
+            repo_id, kind, revision, settings, "offline mode is on", gguf_file
+        )
     try:
         with _hub_errors(repo_id, token, settings):
             api = HfApi(endpoint=settings.endpoint, token=token)
@@ -165,13 +178,15 @@ def plan_download(
         if _cached_snapshot(repo_id, revision, settings.cache_dir) is None:
             raise
         logger.warning("the Hub is unreachable; planning %s from the local cache", repo_id)
-        return _plan_from_cache(repo_id, kind, revision, settings, "the Hub is unreachable")
+        return _plan_from_cache(
+            repo_id, kind, revision, settings, "the Hub is unreachable", gguf_file
+        )
 
     commit = info.sha or revision
     siblings = {s.rfilename: s for s in info.siblings or ()}
     storage = _storage(settings.cache_dir, repo_id)
     files = []
-    for name in select_files(kind, siblings):
+    for name in select_files(kind, siblings, gguf_file):
         sibling = siblings[name]
         size = sibling.lfs.size if sibling.lfs else sibling.size or 0
         blob = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
@@ -182,7 +197,7 @@ def plan_download(
     plan = DownloadPlan(
         repo_id, kind, revision, commit, tuple(files), settings.cache_dir, gated=bool(info.gated)
     )
-    _require_weights(plan)
+    _require_weights(plan, gguf_file, siblings)
     if plan.gated and plan.bytes_to_download:
         first = next(f.filename for f in plan.files if not f.cached)
         url = hf_hub_url(repo_id, first, revision=commit, endpoint=settings.endpoint)
@@ -368,7 +383,12 @@ def _write_ref(plan: DownloadPlan) -> None:
 
 
 def _plan_from_cache(
-    repo_id: str, kind: RepoKind, revision: str, settings: _Settings, reason: str
+    repo_id: str,
+    kind: RepoKind,
+    revision: str,
+    settings: _Settings,
+    reason: str,
+    gguf_file: str | None = None,
 ) -> DownloadPlan:
     snapshot = _cached_snapshot(repo_id, revision, settings.cache_dir)
     if snapshot is None:
@@ -377,17 +397,29 @@ def _plan_from_cache(
             hint=_OFFLINE_HINT if settings.offline else "check your connection and try again",
             code="not_cached",
         )
-    names = select_files(kind, (p.name for p in snapshot.iterdir() if p.is_file()))
+    present = [p.name for p in snapshot.iterdir() if p.is_file()]
+    names = select_files(kind, present, gguf_file)
     files = tuple(PlannedFile(n, (snapshot / n).stat().st_size, True) for n in names)
     plan = DownloadPlan(
         repo_id, kind, revision, snapshot.name, files, settings.cache_dir, from_cache=True
     )
-    _require_weights(plan)
+    _require_weights(plan, gguf_file, present)
     return plan
 
 
-def _require_weights(plan: DownloadPlan) -> None:
+def _require_weights(
+    plan: DownloadPlan, gguf_file: str | None = None, repo_files: Iterable[str] = ()
+) -> None:
     names = {f.filename for f in plan.files}
+    if gguf_file is not None:
+        if gguf_file not in names:
+            found = sorted(f for f in repo_files if f.lower().endswith(".gguf"))
+            raise HubError(
+                f"{plan.repo_id} has no file {gguf_file}",
+                hint=f"GGUF files there: {', '.join(found)}" if found else "check the file name",
+                code="missing_files",
+            )
+        return
     if "config.json" not in names or not any(
         _matches(name, SAFETENSORS_WEIGHTS + BIN_WEIGHTS) for name in names
     ):

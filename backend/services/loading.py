@@ -23,15 +23,17 @@ from typing import Any, TypeVar
 import torch
 
 from backend.config import LoadConfig, TreeConfig
+from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
+from backend.services.target_source import is_gguf_path, local_source, normalize_target
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
 from models.heads.base import DraftHead
-from models.training.data import eos_token_ids
+from models.training.data import eos_token_ids, has_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -93,13 +95,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_location(repo_or_path: str) -> str:
-    """A local directory as is; otherwise a Hub id resolved from the local cache."""
-    if Path(repo_or_path).expanduser().is_dir():
-        return str(Path(repo_or_path).expanduser())
-    from backend.services.hub import resolve_local
+def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
+    """A local directory or .gguf file as is; otherwise a Hub id resolved from the local cache.
+    With ``gguf_file`` the result is that file's path inside the folder."""
+    repo_or_path, gguf_file = normalize_target(repo_or_path, gguf_file)
+    path = Path(repo_or_path).expanduser()
+    if path.is_dir() or is_gguf_path(repo_or_path):
+        folder = str(path)
+    else:
+        from backend.services.hub import resolve_local
 
-    return resolve_local(repo_or_path)
+        folder = resolve_local(repo_or_path)
+    return local_source(folder, gguf_file).display
 
 
 def quantization_config(kind: str, compute_dtype: torch.dtype) -> Any:
@@ -121,6 +128,7 @@ def prepare(
 ) -> PreparedLoad:
     """Read the target's config.json and the head, and check they fit: no target weights yet."""
     target_config = read_target_config(target_path, config.trust_remote_code)
+    check_rollback(target_config)
     head = None
     if head_path is not None:
         head = build_head(read_raw(head_path))
@@ -146,16 +154,21 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     elif quant is not None or device.type != "cpu":
         kwargs["device_map"] = {"": str(device)}
 
+    source = local_source(prepared.target_path)
+    kwargs.update(source.pretrained_kwargs())
     yield Progress("load", 1, _LOAD_STEPS, "steps", "tokenizer")
     stage = "quantize" if quant is not None else "load"
     dtype_name = str(dtype).removeprefix("torch.")
     what = f"{config.quantization} weights" if quant is not None else f"{dtype_name} weights"
+    if source.is_gguf:
+        what = f"GGUF weights, dequantized to {dtype_name}"
     with _load_errors(config, prepared.target_path):
         tokenizer = AutoTokenizer.from_pretrained(
-            prepared.target_path, trust_remote_code=config.trust_remote_code
-        )
+            source.directory, trust_remote_code=config.trust_remote_code,
+            **source.pretrained_kwargs(),
+        )  # fmt: skip
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
-        model = AutoModelForCausalLM.from_pretrained(prepared.target_path, **kwargs).eval()
+        model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
@@ -181,6 +194,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         parameters=int(model.num_parameters()),
         vocab_size=int(runner.vocab_size),
         max_context=int(runner.max_positions),
+        prompt_format="chat template" if has_chat_template(tokenizer) else "plain completion",
     )
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
@@ -194,9 +208,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
 def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPair:
     """Blocking load from local folders or the Hub cache (no download), progress discarded."""
     head_path = resolve_location(config.head) if config.head else None
-    return drain(
-        load_steps(prepare(config, resolve_location(config.target), head_path, expected_kind))
-    )
+    target_path = resolve_location(config.target, config.gguf_file)
+    return drain(load_steps(prepare(config, target_path, head_path, expected_kind)))
 
 
 def drain(
@@ -239,6 +252,9 @@ def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
             raise ResourceError(f"out of memory loading {what}", hint=hint) from err
         raise
     except ImportError as err:
+        if "gguf" in str(err).lower():
+            raise ConfigError(f"cannot read the GGUF target {path}: {err}",
+                              hint="pip install gguf (or pip install -e .[gemma])") from err  # fmt: skip
         raise ConfigError(
             f"quantization {config.quantization} is not available: {err}",
             hint="install bitsandbytes, or load without quantization",

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config import (
     GenerationConfig,
-    LoadConfig,
     SamplingConfig,
     TreeConfig,
 )
@@ -44,6 +43,7 @@ from backend.events import (
     PairInfo,
     RoundCompleted,
 )
+from backend.services.generate_cli import add_target_arguments, load_config_from
 
 if TYPE_CHECKING:
     from backend.api import Backend
@@ -354,8 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model: local path or Hub id")
-    parser.add_argument("--head", help="EAGLE draft head: local path or Hub id")
+    add_target_arguments(parser)
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help="interface to bind (default: loopback only)"
     )
@@ -373,16 +372,7 @@ def run(args: argparse.Namespace) -> int:
     from backend.api import Backend
 
     backend = Backend()
-    backend.load_blocking(
-        LoadConfig(
-            target=args.target,
-            head=args.head,
-            dtype=args.dtype,
-            quantization=args.quantize,
-            device_map=args.device_map,
-            trust_remote_code=args.trust_remote_code,
-        )  # fmt: skip
-    )
+    backend.load_blocking(load_config_from(args))
     handle = start_openai_server(backend, args.host, args.port)
     print(f"OpenAI-compatible API at {handle.url}/v1 (Ctrl-C to stop)", flush=True)
     try:

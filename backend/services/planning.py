@@ -28,6 +28,7 @@ from backend.events import PairPlan, Progress, RepoSize
 from backend.services import hub
 from backend.services.hub_progress import ProgressCallback, format_bytes
 from backend.services.loading import default_device, resolve_dtype
+from backend.services.target_source import is_gguf_path, local_source, normalize_target
 from backend.services.validate import read_target_config, text_config
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 QUANT_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64}
 CHECKPOINT_BYTES_PER_PARAM = 2  # Hub checkpoints are nearly all bf16/fp16
 _UNQUANTIZED = ("embed", "lm_head", "wte", "norm")  # bitsandbytes leaves these in float
-_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 _POLL_S = 0.1
 
 
@@ -55,7 +56,7 @@ def plan_pair(config: LoadConfig) -> PairPlan:
     """Sizes and memory of ``config``'s pair; raises typed Hub errors (nothing is downloaded)."""
     device = default_device()
     dtype = resolve_dtype(config.dtype, device)
-    target = _side(config.target, "target")
+    target = _side(config.target, "target", config.gguf_file)
     head = _side(config.head, "head") if config.head else None
     params, quantizable, source, target_config = _count_target(target, config)
     head_params = _count_head(head) if head else 0
@@ -92,23 +93,28 @@ def local_weight_bytes(config: LoadConfig, target_path: str, head_path: str | No
 
 
 def fetch(
-    name: str, kind: hub.RepoKind, cancel: threading.Event | None
+    name: str, kind: hub.RepoKind, cancel: threading.Event | None, gguf_file: str | None = None
 ) -> Generator[Progress, None, str]:
-    """The folder holding ``name``'s files: a local folder as is, a complete cached snapshot
-    without any network, else a download (Progress events) into the HF cache."""
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser())
+    """The folder holding ``name``'s files (or, for a GGUF target, that file's path): a local
+    folder or file as is, a complete cached snapshot without any network, else a download
+    (Progress events) into the HF cache."""
+    name, gguf_file = normalize_target(name, gguf_file)
+    path = Path(name).expanduser()
+    if path.is_dir() or is_gguf_path(name):
+        return local_source(str(path), gguf_file).display
     try:
         cached = hub.resolve_local(name)
-        if _has_weights(Path(cached)):
-            return cached
+        if _has_weights(Path(cached), gguf_file):
+            return local_source(cached, gguf_file).display
     except HubError as err:
         if err.code != "not_cached":
             raise
-    plan = hub.plan_download(name, kind)
+    plan = hub.plan_download(name, kind, gguf_file=gguf_file)
     hub.check_disk_space(plan)
-    path = yield from _with_progress(lambda report, stop: hub.download(plan, report, stop), cancel)
-    return path
+    folder = yield from _with_progress(
+        lambda report, stop: hub.download(plan, report, stop), cancel
+    )
+    return local_source(folder, gguf_file).display
 
 
 def _with_progress(
@@ -148,16 +154,24 @@ def _with_progress(
     return outcome["path"]
 
 
-def _side(name: str, kind: hub.RepoKind) -> _Side:
-    if Path(name).expanduser().is_dir():
-        return _local_side(str(Path(name).expanduser()), name)
-    plan = hub.plan_download(name, kind)
+def _side(name: str, kind: hub.RepoKind, gguf_file: str | None = None) -> _Side:
+    name, gguf_file = normalize_target(name, gguf_file)
+    path = Path(name).expanduser()
+    if path.is_dir() or is_gguf_path(name):
+        return _local_side(local_source(str(path), gguf_file).display, name)
+    plan = hub.plan_download(name, kind, gguf_file=gguf_file)
     weights = sum(f.size for f in plan.files if f.filename.endswith(_WEIGHT_SUFFIXES))
     size = RepoSize(name, "hub", plan.total_bytes, plan.cached_bytes, plan.gated, plan.from_cache)
-    return _Side(size, Path(plan.local_path), plan.bytes_to_download == 0, weights)
+    folder = Path(plan.local_path)
+    return _Side(size, folder / gguf_file if gguf_file else folder, plan.bytes_to_download == 0,
+                 weights)  # fmt: skip
 
 
 def _local_side(folder: str, name: str) -> _Side:
+    """A local folder, or a single .gguf file (then ``folder`` is that file)."""
+    if is_gguf_path(folder):
+        size = Path(folder).stat().st_size
+        return _Side(RepoSize(name, "local", size, size, False, True), Path(folder), True, size)
     files = [p for p in Path(folder).rglob("*") if p.is_file()]
     total = sum(p.stat().st_size for p in files)
     weights = sum(p.stat().st_size for p in files if p.name.endswith(_WEIGHT_SUFFIXES))
@@ -168,6 +182,12 @@ def _count_target(side: _Side, config: LoadConfig) -> tuple[int, int, str, Any]:
     """(parameters, quantizable, source, config or None) for the target."""
     folder = side.folder
     target_config = None
+    if folder is not None and is_gguf_path(str(folder)):
+        if folder.is_file():  # parameters from the file's metadata: dequantized on load
+            target_config = text_config(read_target_config(str(folder)))
+            return (*config_parameters(target_config), "gguf", target_config)
+        params = side.weight_bytes * 2  # about 4 bits per weight before it is downloaded
+        return params, params, "download_size", None
     if folder is not None and (folder / "config.json").is_file():
         target_config = text_config(read_target_config(str(folder), config.trust_remote_code))
     if side.complete and folder is not None:
@@ -188,8 +208,10 @@ def _count_head(side: _Side) -> int:
     return side.weight_bytes // CHECKPOINT_BYTES_PER_PARAM
 
 
-def _has_weights(folder: Path) -> bool:
+def _has_weights(folder: Path, gguf_file: str | None = None) -> bool:
     """config.json and every weight shard are present (a half-finished download is not)."""
+    if gguf_file is not None:
+        return (folder / gguf_file).is_file()
     if not (folder / "config.json").is_file():
         return False
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.errors import InputError
-from models.training.data import encode_prompt, has_chat_template
+from models.training.data import encode_prompt, has_chat_template, plain_completion_ids
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -20,13 +20,13 @@ def build_messages(history: Sequence[Message], system_prompt: str | None = None)
 def prompt_ids(tokenizer, messages: Sequence[Message], raw: bool = False) -> list[int]:
     """Token ids for a generation that answers the last user message.
 
-    ``raw`` (or a tokenizer without a chat template) concatenates the message texts instead.
+    ``raw`` (or a tokenizer without a chat template) is plain completion: the message texts,
+    with the tokenizer's special tokens (a base model's BOS), continued as they are.
     """
     if not messages or not any(
         m.get("content", "").strip() for m in messages if m["role"] == "user"
     ):
         raise InputError("the prompt is empty", hint="type a message first")
     if raw or not has_chat_template(tokenizer):
-        text = "\n".join(m["content"] for m in messages if m["role"] != "system")
-        return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        return plain_completion_ids(tokenizer, list(messages))
     return encode_prompt(tokenizer, list(messages))  # the same encoding the heads trained on

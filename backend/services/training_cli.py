@@ -29,6 +29,7 @@ from backend.engine.loop import generate
 from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished
+from backend.services.target_source import TargetSource, local_source
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
@@ -36,9 +37,11 @@ from models.training.data import (
     encode_prompt,
     eos_token_ids,
     load_conversations,
+    load_documents,
     prompt_messages,
     regenerate_replies,
     split_held_out,
+    tokenize_conversation,
     tokenize_conversations,
 )
 from models.training.trainer import TrainConfig, TrainResult, train_head
@@ -52,8 +55,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="local directory of the target model")
-    parser.add_argument("--data", required=True, help="ShareGPT JSON/JSONL, prompt JSONL or .txt")
+    parser.add_argument("--target", required=True,
+                        help="local directory of the target model, or its .gguf file")  # fmt: skip
+    parser.add_argument("--gguf-file", default=None, help="GGUF file name inside --target")
+    parser.add_argument("--data", required=True, nargs="+",
+                        help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)")  # fmt: skip
+    parser.add_argument("--text", action="store_true",
+                        help="the data is plain text to continue (base models): every token "
+                        "is trained, held-out prompts are the first --eval-prompt-tokens of "
+                        "held-out pieces")  # fmt: skip
+    parser.add_argument("--eval-prompt-tokens", type=int, default=64)
     parser.add_argument("--kind", required=True, choices=[k.value for k in HeadKind])
     parser.add_argument("--out", required=True, help="output directory of the head")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
@@ -69,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=None,
                         help="EAGLE-3 reduced draft vocabulary (e.g. 32000)")  # fmt: skip
     parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time test")
+    parser.add_argument("--draft-readout-only", action="store_true",
+                        help="EAGLE-3: compute the target's logits on the draft vocabulary only "
+                        "(much faster for large vocabularies)")  # fmt: skip
     parser.add_argument("--checkpoint-every", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=0, help="0 = evaluate at the end")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -111,8 +125,8 @@ def summary_line(result: TrainResult, held_out: int) -> str:
 
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     device = resolve_device(args.device)
-    model, tokenizer = load_target(args.target, args.dtype, device)
-    conversations = load_conversations(args.data)
+    model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
+    conversations = [c for path in args.data for c in _read_data(path, args)]
     train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
     if args.regenerate:
         train_convs = _regenerated(model, tokenizer, train_convs, args)
@@ -122,16 +136,29 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
         kind=args.kind, out_dir=args.out, steps=args.steps, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, warmup_steps=args.warmup_steps,
         draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps,
+        draft_readout_only=args.draft_readout_only,
         max_length=args.max_length, checkpoint_every=args.checkpoint_every,
         eval_every=args.eval_every, seed=args.seed, resume=args.resume,
     )  # fmt: skip
-    prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
+    if args.text:
+        prompts = [
+            tokenize_conversation(tokenizer, c, args.eval_prompt_tokens).input_ids
+            for c in held_out
+        ]
+    else:
+        prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
     evaluate = None
     if prompts:
         evaluate = make_tau_evaluator(
             model, tokenizer, prompts, GenerationConfig(max_new_tokens=args.eval_max_new_tokens)
         )
     return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+
+
+def _read_data(path: str, args: argparse.Namespace) -> list:
+    if args.text:
+        return load_documents(path, max_chars=4 * args.max_length)
+    return load_conversations(path)
 
 
 def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
@@ -163,10 +190,11 @@ def resolve_device(requested: str | None) -> torch.device:
     return PartialState().device
 
 
-def load_target(path: str, dtype: str, device: torch.device):
+def load_target(source: TargetSource, dtype: str, device: torch.device):
     """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    path = source.directory
     if not Path(path).is_dir():
         raise ConfigError(f"target {path} is not a local directory",
                           hint="download it first: python launch.py download <repo>")  # fmt: skip
@@ -175,10 +203,12 @@ def load_target(path: str, dtype: str, device: torch.device):
     else:
         torch_dtype = _DTYPES[dtype]
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, **source.pretrained_kwargs())
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, **source.pretrained_kwargs()
+        )
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot load the target from {path}: {err}") from err
+        raise CheckpointError(f"cannot load the target from {source.display}: {err}") from err
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 

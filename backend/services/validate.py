@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from backend.errors import ConfigError, IncompatibleHeadError
+from backend.services.target_source import local_source
 from models.heads.config import HeadConfig, HeadKind
 from models.heads.eagle3 import MIN_TARGET_LAYERS
 
@@ -18,15 +19,23 @@ logger = logging.getLogger(__name__)
 
 
 def read_target_config(path: str, trust_remote_code: bool = False) -> Any:
-    """The target's transformers config, read from ``config.json`` without touching weights."""
+    """The target's transformers config, read from ``config.json`` (or a GGUF file's metadata)
+    without touching weights."""
     from transformers import AutoConfig
 
+    source = local_source(path)
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(
+            source.directory, trust_remote_code=trust_remote_code, **source.pretrained_kwargs()
+        )
+    except ImportError as err:  # GGUF reading needs the gguf package
+        raise ConfigError(f"cannot read {source.display}: {err}",
+                          hint="pip install gguf (or pip install -e .[gemma])") from err  # fmt: skip
     except (OSError, ValueError, KeyError) as err:
+        what = "GGUF file" if source.is_gguf else "config.json in"
         raise ConfigError(
-            f"cannot read the target's config.json in {path}: {err}",
-            hint="is this a transformers model folder (config.json + weights)?",
+            f"cannot read the target's {what} {source.display}: {err}",
+            hint="is this a transformers model folder (config.json + weights) or a GGUF file?",
         ) from err
 
 

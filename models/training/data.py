@@ -84,6 +84,53 @@ def load_conversations(path: str | Path) -> list[Conversation]:
     return conversations
 
 
+_TEXT_KEYS = ("text", "body", "content", "story")
+
+
+def load_documents(path: str | Path, max_chars: int) -> list[Conversation]:
+    """Plain text for base-model heads: each document becomes one reply-only conversation (every
+    token is trained, plain completion), cut at line or sentence ends into pieces of at most
+    ``max_chars``. Reads .txt (lines), JSON/JSONL records with a text field, and chat records
+    (their turns joined)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"training data file {path} does not exist")
+    raw = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        texts = [raw]
+    else:
+        texts = []
+        for record in _json_records(raw, path) if raw.lstrip()[:1] in "[{" else []:
+            text = next((record[k] for k in _TEXT_KEYS if isinstance(record, dict)
+                         and isinstance(record.get(k), str)), None)  # fmt: skip
+            if text is None:
+                text = "\n".join(m["content"] for m in record_to_conversation(record))
+            texts.append(text)
+    pieces = [chunk for text in texts for chunk in text_chunks(text, max_chars)]
+    if not pieces:
+        raise InputError(f"no text found in {path}")
+    return [[{"role": "assistant", "content": piece}] for piece in pieces]
+
+
+def text_chunks(text: str, max_chars: int) -> list[str]:
+    """Consecutive lines packed up to ``max_chars``; an overlong line is cut after a sentence."""
+    out, current = [], ""
+    for line in text.split("\n"):
+        if len(line) > max_chars and current:
+            out.append(current.strip())
+            current = ""
+        while len(line) > max_chars:
+            cut = line.rfind(". ", 0, max_chars) + 1 or max_chars
+            out.append(line[:cut].strip())
+            line = line[cut:]
+        if current and len(current) + len(line) + 1 > max_chars:
+            out.append(current.strip())
+            current = ""
+        current = f"{current}\n{line}" if current else line
+    out.append(current.strip())
+    return [chunk for chunk in out if len(chunk) >= 20]
+
+
 def _json_records(text: str, path: Path) -> list[Any]:
     stripped = text.lstrip()
     try:
@@ -168,10 +215,28 @@ def encode_prompt(tokenizer, messages: Conversation) -> list[int]:
     """Token ids asking the target for the next assistant reply after ``messages``."""
     if has_chat_template(tokenizer):
         return _encode(tokenizer, _render(tokenizer, messages, generation_prompt=True))
-    ids: list[int] = []
+    return plain_completion_ids(tokenizer, messages)
+
+
+def plain_completion_ids(tokenizer, messages: Conversation) -> list[int]:
+    """The messages as plain text to continue (see :func:`plain_pieces`)."""
+    return _tokenize_plain(tokenizer, plain_pieces(messages), max_length=None).input_ids
+
+
+def plain_pieces(messages: Conversation) -> list[tuple[str, bool]]:
+    """Plain completion, the format of base models (no chat template): the texts in order, a
+    reply continuing its prompt directly and a new prompt after a reply on a new line; system
+    turns are left out. Pairs of (text, is_assistant)."""
+    pieces: list[tuple[str, bool]] = []
     for message in messages:
-        ids += _plain_turn(tokenizer, message)
-    return ids
+        if message["role"] == "system":
+            continue
+        is_assistant = message["role"] == "assistant"
+        text = message["content"]
+        if pieces and not is_assistant and pieces[-1][1]:
+            text = "\n" + text
+        pieces.append((text, is_assistant))
+    return pieces
 
 
 def prompt_messages(conversation: Conversation) -> Conversation:
@@ -182,26 +247,13 @@ def prompt_messages(conversation: Conversation) -> Conversation:
     return list(conversation)
 
 
-def _plain_turn(tokenizer, message: Message) -> list[int]:
-    """No chat template: each turn's text followed by eos (when the tokenizer has one)."""
-    ids = _encode(tokenizer, message["content"])
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return ids
-
-
 def tokenize_conversation(
     tokenizer, conversation: Conversation, max_length: int
 ) -> TokenizedExample:
     """Token ids of the whole conversation and a mask that is 1 only on assistant tokens
     (each reply's text plus the end-of-turn tokens the template puts after it)."""
     if not has_chat_template(tokenizer):
-        ids, mask = [], []
-        for message in conversation:
-            turn = _plain_turn(tokenizer, message)
-            ids += turn
-            mask += [int(message["role"] == "assistant")] * len(turn)
-        return TokenizedExample(ids[:max_length], mask[:max_length])
+        return _tokenize_plain(tokenizer, plain_pieces(conversation), max_length)
     # Character span of each assistant turn = what rendering it adds to the rendered prefix.
     segments: list[tuple[str, bool]] = []  # (text, is_assistant) in order
     rendered = ""
@@ -258,6 +310,35 @@ def _tokenize_pieces(
             ids += piece_ids
             mask += [int(is_assistant)] * len(piece_ids)
     return TokenizedExample(ids[:max_length], mask[:max_length])
+
+
+def _tokenize_plain(
+    tokenizer, pieces: list[tuple[str, bool]], max_length: int | None
+) -> TokenizedExample:
+    """Plain completion: the joined text tokenised once WITH the tokenizer's special tokens (a
+    base model such as Gemma needs its BOS), which never carry loss."""
+    text = "".join(p for p, _ in pieces)
+    encoded = tokenizer(text, add_special_tokens=True, return_special_tokens_mask=True,
+                        return_offsets_mapping=bool(getattr(tokenizer, "is_fast", False)))  # fmt: skip
+    ids = list(encoded["input_ids"])
+    special = list(encoded["special_tokens_mask"])
+    if "offset_mapping" in encoded:
+        bounds, position = [], 0
+        for piece, is_assistant in pieces:
+            bounds.append((position, position + len(piece), is_assistant))
+            position += len(piece)
+        starts = [start for start, _ in encoded["offset_mapping"]]
+        mask = [
+            int(not sp and any(a <= start < b and flag for a, b, flag in bounds))
+            for start, sp in zip(starts, special)
+        ]
+    else:  # slow tokenizers: the mask follows the pieces' own token counts
+        mask = [0] * (len(ids) - sum(len(_encode(tokenizer, p)) for p, _ in pieces))
+        for piece, is_assistant in pieces:
+            mask += [int(is_assistant)] * len(_encode(tokenizer, piece))
+        mask = (mask + [0] * len(ids))[: len(ids)]
+    end = len(ids) if max_length is None else max_length
+    return TokenizedExample(ids[:end], mask[:end])
 
 
 def tokenize_conversations(

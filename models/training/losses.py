@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.features import FeatureCapture
+from models.features import FeatureCapture, decoder_of
 from models.heads.base import DraftHead
 from models.training.data import TokenizedExample, pad_examples
 
@@ -33,7 +33,10 @@ class TargetBatch:
     input_ids: torch.Tensor  # [B, S] long, right-padded
     loss_mask: torch.Tensor  # [B, S] bool, assistant tokens (False on padding)
     features: torch.Tensor  # [B, S, F] captured target features (F = H or 3H)
-    target_logits: torch.Tensor  # [B, S, V] the target's logits
+    target_logits: torch.Tensor  # [B, S, V] the target's logits, or [B, S, C] (see below)
+    # Target ids of the logits' columns when only those were computed (an EAGLE-3 draft
+    # vocabulary); None = all V columns in vocabulary order.
+    logit_ids: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -60,13 +63,33 @@ def target_batch(
     pad_id: int,
     max_length: int,
     device: torch.device,
+    logit_ids: torch.Tensor | None = None,
 ) -> TargetBatch:
-    """Pad a batch on the right and run the frozen target once: features and logits."""
+    """Pad a batch on the right and run the frozen target once: features and logits.
+
+    With ``logit_ids`` only those columns of the target's readout are computed: for a large
+    vocabulary (Gemma's 262k) the full readout costs more than all decoder layers together.
+    """
     ids, mask, valid = pad_examples(examples, pad_id, max_length, device)
     with FeatureCapture(target, feature_layers) as capture:
-        logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
+        if logit_ids is None:
+            logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
+        else:
+            hidden = decoder_of(target)(input_ids=ids, attention_mask=valid).last_hidden_state
+            logits = partial_readout(target, hidden, logit_ids).to(device)  # [B, S, C]
         features = capture.features().to(device)  # [B, S, F] (a dispatched target may differ)
-    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits)
+    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits,
+                       logit_ids=logit_ids)  # fmt: skip
+
+
+def partial_readout(target: nn.Module, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The target's logits for the vocabulary entries ``ids`` only (final soft-capping kept)."""
+    readout = target.get_output_embeddings()
+    index = ids.to(readout.weight.device)
+    bias = readout.bias[index] if getattr(readout, "bias", None) is not None else None
+    logits = F.linear(hidden.to(readout.weight.device), readout.weight[index], bias)
+    cap = getattr(target.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def pad_id_of(tokenizer) -> int:
@@ -183,7 +206,11 @@ def eagle3_loss(head: DraftHead, batch: TargetBatch, ttt_steps: int = 7) -> Loss
     base_mask = batch.loss_mask[:, 1:]  # [B, P]
     target_logits = batch.target_logits[:, 1:]  # [B, P, V]
     target_argmax = target_logits.argmax(-1)  # [B, P]
-    if head.config.has_reduced_vocab:
+    if batch.logit_ids is not None:  # computed on the draft vocabulary only, in its order
+        target_probs = torch.softmax(target_logits.float(), dim=-1)
+        target_argmax = batch.logit_ids.to(device)[target_argmax]
+        in_vocab = torch.ones_like(base_mask)
+    elif head.config.has_reduced_vocab:
         draft_to_target = head.to_target_ids(
             torch.arange(head.config.draft_vocab_size, device=device)
         )

@@ -67,6 +67,10 @@ class TrainConfig:
     noise: float = 0.2  # EAGLE-1 input-feature noise width: uniform in +-noise/2
     draft_vocab_size: int | None = None  # EAGLE-3 reduced vocab Vd; None = full vocab
     ttt_steps: int = 7  # EAGLE-3 training-time-test unroll depth
+    # EAGLE-3 with a draft vocabulary: compute the target's logits on it only. Positions whose
+    # target argmax lies outside it then train toward the best in-vocabulary token instead of
+    # being skipped; much cheaper for large vocabularies.
+    draft_readout_only: bool = False
     intermediate_size: int | None = None  # head MLP width; None = the target's
     init_from_target: bool = True  # EAGLE-3: start lm_head/norm from the target's rows
     max_length: int = 2048  # tokens per sequence (longer ones are cut)
@@ -172,7 +176,13 @@ def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tens
     norm = getattr(decoder_of(target), "norm", None)
     norm_weight = getattr(norm, "weight", None)
     if norm_weight is not None and norm_weight.shape == head.norm.weight.shape:
-        head.norm.weight.copy_(norm_weight.float())
+        # The norm's effective gain, whatever its convention (Gemma scales by 1 + weight): an
+        # RMS norm maps the all-ones vector to its gain. A large gain (Gemma's final norm) on a
+        # random head output gives huge random logits, so it is capped.
+        ones = torch.ones(1, norm_weight.shape[0], dtype=norm_weight.dtype,
+                          device=norm_weight.device)  # fmt: skip
+        gain = norm(ones)[0].float()
+        head.norm.weight.copy_(gain / gain.abs().mean().clamp(min=1.0))
 
 
 # ---- schedule ---------------------------------------------------------------------------------
@@ -285,6 +295,9 @@ def train_head(
     elif config.resume:
         logger.info("no checkpoint in %s: starting from step 0", out_dir)
     pad_id = pad_id_of(tokenizer)
+    draft_ids = None
+    if head.config.has_reduced_vocab and config.draft_readout_only:
+        draft_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=device))
     bar = _progress_bar(config, total, result.steps)
     updating = False  # True while the weights and the optimizer state disagree
     try:
@@ -292,7 +305,7 @@ def train_head(
             picked = batch_indices(len(examples), config.batch_size, step, config.seed)
             batch = target_batch(
                 target, [examples[i] for i in picked], feature_layers, pad_id,
-                config.max_length, device,
+                config.max_length, device, logit_ids=draft_ids,
             )  # fmt: skip
             output = _loss(head, batch, config, noise_rng)
             optimizer.zero_grad(set_to_none=True)

