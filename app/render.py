@@ -387,6 +387,11 @@ def plan_markdown(plan: PairPlan) -> str:
         f"({plan.parameters / 1e6:,.1f}M target parameters in {plan.dtype}{quant} on "
         f"{plan.device}, plus the head)",
     ]
+    if plan.parameters_source == "gguf":
+        notes.append(
+            "GGUF file: its quantized weights are dequantized to "
+            f"{plan.dtype} when loaded, so they take more memory than the file's size."
+        )
     if plan.kv_bytes_per_token:
         notes.append(
             f"KV cache on top: ≈ {format_bytes(plan.kv_bytes_per_token * 1000)} per 1000 tokens "

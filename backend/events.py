@@ -200,7 +200,8 @@ class PairPlan:
     device: str  # where a load without device_map would go
     parameters: int  # target parameters
     head_parameters: int
-    parameters_source: Literal["safetensors", "config", "download_size"]  # how they were counted
+    # how they were counted; "gguf": from a GGUF file's metadata (dequantized when loaded)
+    parameters_source: Literal["safetensors", "config", "gguf", "download_size"]
     memory_bytes: int
     kv_bytes_per_token: int  # 0 when the target config is not on disk yet
     bytes_to_download: int

@@ -295,8 +295,11 @@ def download(
     return str(snapshot)
 
 
-def resolve_local(repo_or_path: str, revision: str | None = None) -> str:
-    """A local folder as is; otherwise a Hub repo id resolved from the cache (never the network)."""
+def resolve_local(
+    repo_or_path: str, revision: str | None = None, gguf_file: str | None = None
+) -> str:
+    """A local folder as is; otherwise a Hub repo id resolved from the cache (never the network).
+    A GGUF target needs only its file in the snapshot, no config.json."""
     path = Path(repo_or_path).expanduser()
     if path.is_dir():
         return str(path.resolve())
@@ -312,9 +315,10 @@ def resolve_local(repo_or_path: str, revision: str | None = None) -> str:
             hint=f"run: python launch.py download {repo_or_path}",
             code="not_cached",
         )
-    if not (snapshot / "config.json").is_file():
+    needed = gguf_file or "config.json"
+    if not (snapshot / needed).is_file():
         raise HubError(
-            f"the cached copy of {repo_or_path} is incomplete (no config.json in {snapshot})",
+            f"the cached copy of {repo_or_path} is incomplete (no {needed} in {snapshot})",
             hint=f"run: python launch.py download {repo_or_path}",
             code="not_cached",
         )

@@ -105,7 +105,7 @@ def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
     else:
         from backend.services.hub import resolve_local
 
-        folder = resolve_local(repo_or_path)
+        folder = resolve_local(repo_or_path, gguf_file=gguf_file)
     return local_source(folder, gguf_file).display
 
 

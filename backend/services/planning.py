@@ -103,7 +103,7 @@ def fetch(
     if path.is_dir() or is_gguf_path(name):
         return local_source(str(path), gguf_file).display
     try:
-        cached = hub.resolve_local(name)
+        cached = hub.resolve_local(name, gguf_file=gguf_file)
         if _has_weights(Path(cached), gguf_file):
             return local_source(cached, gguf_file).display
     except HubError as err:

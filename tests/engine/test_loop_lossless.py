@@ -26,10 +26,12 @@ SAMPLES = 2000
 BOUND = 45.0
 
 
-def exact_marginals(target, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_marginals(
+    target, sampling: SamplingConfig, prompt_ids: list[int] = PROMPT
+) -> tuple[torch.Tensor, torch.Tensor]:
     """P(2nd token) and P(3rd token) under the processed target distribution."""
     with torch.no_grad():
-        prompt = torch.tensor([PROMPT])
+        prompt = torch.tensor([prompt_ids])
         p1 = processed_probs(target(prompt).logits[0, -1], sampling)  # [V]
         firsts = torch.arange(VOCAB)[:, None]
         seq1 = torch.cat([prompt.expand(VOCAB, -1), firsts], dim=1)
@@ -56,14 +58,15 @@ TOP_K = TreeConfig(shape="static", depth=3)  # deterministic top-k drafts at any
 
 
 def sample_counts(
-    runner, drafter, sampling: SamplingConfig, tree: TreeConfig = SAMPLED
+    runner, drafter, sampling: SamplingConfig, tree: TreeConfig = SAMPLED,
+    prompt: list[int] = PROMPT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     second, third = torch.zeros(VOCAB), torch.zeros(VOCAB)
     accepted = 0
     for i in range(SAMPLES):
         seeded = SamplingConfig(sampling.temperature, sampling.top_p, sampling.top_k, seed=i)
         summary, rounds = run(
-            runner, drafter, PROMPT, mode="eagle", max_new_tokens=3, sampling=seeded, tree=tree
+            runner, drafter, prompt, mode="eagle", max_new_tokens=3, sampling=seeded, tree=tree
         )
         second[summary.token_ids[1]] += 1
         third[summary.token_ids[2]] += 1
@@ -113,3 +116,30 @@ def test_a_biased_sampler_is_caught(pair, monkeypatch) -> None:
     p2, p3 = exact_marginals(target, sampling)
     second, third = sample_counts(runner, drafter, sampling)
     assert max(chi_square(second, p2), chi_square(third, p3)) > BOUND
+
+
+@pytest.mark.slow
+def test_sampling_is_lossless_on_a_sliding_window_target() -> None:
+    """A Gemma 3 style target (full layers mixed with 4-token windows) with a prompt of 3
+    windows: the windowed tree masks keep sampled EAGLE exactly on the target's distribution."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_hidden_layers=8, sliding_window=4,
+        query_pre_attn_scalar=16, max_position_embeddings=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    target = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    runner, drafter = make_runner(target, tiny_head("eagle1", target, seed=6))
+    assert runner.layout.per_type_masks
+    prompt = [3, 7, 1, 12, 9, 9, 4, 0, 15, 2, 8, 5]
+    sampling = SamplingConfig(temperature=1.0)
+    p2, p3 = exact_marginals(target, sampling, prompt)
+    # static top-k trees: branching, so every layer type's windowed tree mask is used
+    second, third = sample_counts(runner, drafter, sampling, TOP_K, prompt)
+    assert chi_square(second, p2) < BOUND
+    assert chi_square(third, p3) < BOUND

@@ -156,3 +156,13 @@ def test_linear_attention_layer_types_are_refused() -> None:
     config.layer_types = ["linear_attention", "full_attention"] * 4
     with pytest.raises(UnsupportedTargetError, match="linear_attention"):
         AttentionLayout.of(config)
+
+
+@pytest.mark.parametrize("name", ["Cohere2Config", "GptOssConfig"])
+def test_other_hybrid_configs_get_one_mask_per_layer_type(name: str) -> None:
+    import transformers
+
+    config = getattr(transformers, name)(num_hidden_layers=8, sliding_window=32)
+    layout = AttentionLayout.of(config)
+    assert layout.windows == {"full_attention": None, "sliding_attention": 32}
+    assert layout.per_type_masks

@@ -95,7 +95,8 @@ def test_generate_cli_with_the_catalog_pair() -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2")
     done = subprocess.run(
         [sys.executable, "launch.py", "generate", "--pair", PAIR, "--prompt",
-         "The capital of France is", "--max-new-tokens", "8", "--json"],
+         "The capital of France is", "--max-new-tokens", "8", "--json",
+         "--total-tokens", "6", "--depth", "3", "--top-k", "2"],  # fixed tree: no calibration
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -197,3 +197,22 @@ def test_xet_progress_reaches_the_meter_once(monkeypatch: pytest.MonkeyPatch) ->
     done = [e.done for e in events if e.unit == "bytes"]
     assert done == [0, 0, 300, 1000, 1000]
     assert [(e.done, e.total) for e in events if e.unit == "files"] == [(0, 1), (1, 1)]
+
+
+def test_a_gguf_target_is_one_file_of_its_repo(offline_cache: Path) -> None:
+    """A GGUF repo holds several quantizations: only the named file is planned and resolved,
+    through --gguf-file or the one-string form org/name:file.gguf; a wrong name lists the rest."""
+    from backend.services.planning import fetch
+
+    files = {"model-Q4_K_M.gguf": b"q" * 3000, "model-Q8_0.gguf": b"e" * 6000, "README.md": b"#"}
+    snapshot = build_cache(offline_cache, "org/model-gguf", files)
+    plan = hub.plan_download("org/model-gguf", "target", gguf_file="model-Q4_K_M.gguf")
+    assert [f.filename for f in plan.files] == ["model-Q4_K_M.gguf"]
+    assert plan.total_bytes == 3000 and plan.bytes_to_download == 0
+    steps = fetch("org/model-gguf:model-Q8_0.gguf", "target", None)
+    with pytest.raises(StopIteration) as done:
+        next(steps)
+    assert done.value.value == str(snapshot / "model-Q8_0.gguf")
+    with pytest.raises(HubError, match="no file model-F16.gguf") as err:
+        hub.plan_download("org/model-gguf", "target", gguf_file="model-F16.gguf")
+    assert "model-Q4_K_M.gguf" in err.value.hint and "model-Q8_0.gguf" in err.value.hint
