@@ -145,9 +145,13 @@ class HeadConfig:
 
 
 def _both_rope_spellings(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
-    """rope_scaling with ``rope_type`` (transformers, vLLM) and ``type`` (the reference code)."""
+    """rope_scaling as every loader reads it. The reference code indexes ``type`` and accepts
+    exactly the two keys ``type`` and ``factor`` (linear and dynamic only), which transformers,
+    vLLM and SpecForge read too; other kinds carry both ``rope_type`` and ``type``."""
     if scaling is None or scaling.get("rope_type", "default") == "default":
         return None
+    if scaling["rope_type"] == "linear":
+        return {"type": "linear", "factor": float(scaling["factor"])}
     return {**scaling, "type": scaling["rope_type"]}
 
 

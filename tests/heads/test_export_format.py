@@ -54,12 +54,18 @@ def test_eagle3_with_embedding_saves_it_and_says_so(tmp_path, target) -> None:
     assert torch.equal(load_head(tmp_path).embed_tokens.weight, state["embed_tokens.weight"])
 
 
-def test_rope_scaling_is_written_in_both_spellings(tmp_path, target) -> None:
+def test_rope_scaling_is_written_as_every_loader_reads_it(tmp_path, target) -> None:
     head = tiny_head("eagle1", target)
     head.config.rope_scaling = {"rope_type": "linear", "factor": 2.0}
     config, _ = _saved(tmp_path, head)
-    assert config["rope_scaling"] == {"rope_type": "linear", "type": "linear", "factor": 2.0}
+    assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}  # the reference's 2 keys
     assert load_head(tmp_path).config.rope_scaling["rope_type"] == "linear"
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    head.config.rope_scaling = llama3
+    config, _ = _saved(tmp_path, head)
+    assert config["rope_scaling"] == {**llama3, "type": "llama3"}
+    assert load_head(tmp_path).config.rope_scaling.items() >= llama3.items()
 
 
 def test_reexport_keeps_weights_and_drops_stale_fields(tmp_path, target) -> None:
