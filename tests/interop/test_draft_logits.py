@@ -9,6 +9,7 @@ up as a logits difference.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from backend.config import TreeConfig
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
+from backend.services.export_cli import export
 from models.checkpoints import load_head, save_head
 from models.heads.config import HeadKind, head_config_for_target
 from models.heads.registry import head_class
@@ -81,6 +83,24 @@ PROMPT = [5, 17, 300, 42, 9, 1000, 77, 3, 250, 12, 64, 8]
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_demo_heads_draft_as_in_the_official_code(tmp_path, kind) -> None:
     compare(tmp_path, DEMO / "target", DEMO / f"head-{kind}", PROMPT)
+
+
+def test_folded_demo_eagle1_head_drafts_as_before(tmp_path) -> None:
+    """export-head --fold-fc-bias: same drafts in our engine and in the official code."""
+    args = argparse.Namespace(head=str(DEMO / "head-eagle1"), out=str(tmp_path / "folded"),
+                              target=str(DEMO / "target"), fold_fc_bias=True,
+                              with_embedding=False, dtype=None)  # fmt: skip
+    folded = export(args)
+    target = AutoModelForCausalLM.from_pretrained(DEMO / "target", dtype=torch.float32).eval()
+    original = load_head(DEMO / "head-eagle1")
+    original.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    _, original_drafts, original_logits = our_chain(target, original, PROMPT)
+    compare(tmp_path, DEMO / "target", folded, PROMPT)
+    refolded = load_head(folded)
+    refolded.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    _, drafts, logits = our_chain(target, refolded, PROMPT)
+    assert torch.equal(drafts, original_drafts)
+    assert (logits - original_logits).abs().max().item() <= TOLERANCE
 
 
 def _random_pair(tmp_path: Path, kind: HeadKind, rope_theta: float, rope_scaling: dict | None):

@@ -31,11 +31,14 @@ def main() -> None:
     if raw_config.get("rope_scaling") is None:
         config.rope_scaling = None
     head = Model(config, load_emb=False, bias=raw_config.get("bias", True)).eval()
-    missing, unexpected = head.load_state_dict(head_weights(request["head"]), strict=False)
+    weights = head_weights(request["head"])
+    missing, unexpected = head.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k != "embed_tokens.weight"]
     if missing or unexpected:
         sys.exit(f"official EAGLE head: missing keys {missing}, unexpected keys {unexpected}")
-    head.embed_tokens.weight.data = target.get_input_embeddings().weight.detach().float().clone()
+    if "embed_tokens.weight" not in weights:  # EaModel loads the target's in that case
+        embedding = target.get_input_embeddings().weight.detach().float().clone()
+        head.embed_tokens.weight.data = embedding
 
     features = hidden_states[-1]  # the target's final normed hidden state, [1, n, H]
     shifted = torch.cat([prompt[1:], first])[None]  # head position t reads token t+1
