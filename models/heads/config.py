@@ -134,6 +134,13 @@ class HeadConfig:
                 data.pop("target_hidden_size")
             if self.eagle_aux_hidden_state_layer_ids is None:
                 data.pop("eagle_aux_hidden_state_layer_ids")
+            else:  # SGLang reads the layer ids only from eagle_config, vLLM from either
+                nested = self.extra.get("eagle_config")
+                data["eagle_config"] = {
+                    **(nested if isinstance(nested, dict) else {}),
+                    "use_aux_hidden_state": True,
+                    "eagle_aux_hidden_state_layer_ids": self.eagle_aux_hidden_state_layer_ids,
+                }
         data["model_type"] = "llama"
         return {**self.extra, **data}
 

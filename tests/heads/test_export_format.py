@@ -43,6 +43,7 @@ def test_eagle3_without_embedding_leaves_out_target_hidden_size(tmp_path, target
     assert "embed_tokens.weight" not in state
     assert "target_hidden_size" not in config  # the reference then takes the target's embedding
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # SGLang
     assert load_head(tmp_path).config.target_hidden_size == config["hidden_size"]
 
 
@@ -87,7 +88,7 @@ def test_named_feature_layers_are_the_ones_read(tmp_path, target) -> None:
         (tmp_path / "weights" / "model.safetensors").read_bytes()
     )
     assert load_head(tmp_path).feature_layers(8) == (1, 3, 6)
-    del config["eagle_aux_hidden_state_layer_ids"]
+    del config["eagle_aux_hidden_state_layer_ids"], config["eagle_config"]
     assert HeadConfig.from_dict(config, HeadKind.EAGLE3).eagle_aux_hidden_state_layer_ids is None
     assert load_head(tmp_path / "weights").feature_layers(8) == (2, 4, 5)
 
