@@ -1,7 +1,8 @@
 """A head trained here, served by vLLM (CPU build, loopback), accepts drafts at the rate our
 engine measures with a chain of the same length on the same prompts.
 
-The bundled demo heads were trained by ``train-head`` (``make-demo``); the EAGLE-1 head is
+The bundled demo heads were trained by ``train-head`` (``make-demo``), and one more EAGLE-3 head
+is trained here by the ``train-head`` command on the bench prompts; the EAGLE-1 head is
 served as ``export-head --fold-fc-bias`` writes it, since vLLM's EAGLE-1 model has no fc bias
 (and silently drafts garbage from a head that has one). Both sides decode
 greedily in float32 from the same token ids and ignore EOS, so both count drafts the same way
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,16 +60,38 @@ def our_chain_acceptance(pair, prompts: list[list[int]]) -> tuple[float, list[li
     return accepted / drafted, outputs
 
 
+def train_small_head(tmp_path: Path) -> Path:
+    """A quick EAGLE-3 head from ``python launch.py train-head`` on the target's own replies."""
+    data = tmp_path / "prompts.jsonl"
+    lines = (ROOT / "assets" / "bench_prompts.jsonl").read_text().splitlines()
+    data.write_text("".join(json.dumps({"prompt": json.loads(line)["turns"][0]}) + "\n"
+                            for line in lines))  # fmt: skip
+    out = tmp_path / "trained-head"
+    command = [
+        sys.executable, str(ROOT / "launch.py"), "train-head", "--target", str(DEMO / "target"),
+        "--data", str(data), "--kind", "eagle3", "--out", str(out), "--regenerate",
+        "--regen-max-new-tokens", "64", "--steps", "60", "--lr", "1e-3", "--ttt-steps", "3",
+        "--draft-vocab-size", "1024", "--eval-prompts", "0", "--max-length", "256",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 def served_head(kind: str, tmp_path: Path) -> Path:
     if kind == "eagle3":
         return DEMO / "head-eagle3"
+    if kind == "trained":
+        return train_small_head(tmp_path)
     args = argparse.Namespace(head=str(DEMO / "head-eagle1"), out=str(tmp_path / "head-eagle1"),
                               target=str(DEMO / "target"), fold_fc_bias=True,
                               with_embedding=False, dtype=None)  # fmt: skip
     return export(args)
 
 
-@pytest.mark.parametrize(("kind", "method"), [("eagle3", "eagle3"), ("eagle1", "eagle")])
+@pytest.mark.parametrize(
+    ("kind", "method"), [("eagle3", "eagle3"), ("eagle1", "eagle"), ("trained", "eagle3")]
+)
 def test_vllm_accepts_the_demo_heads_as_our_engine_does(tmp_path, kind, method) -> None:
     head = served_head(kind, tmp_path)
     pair = load_pair(LoadConfig(target=str(DEMO / "target"), head=str(head), dtype="float32"))
