@@ -145,3 +145,32 @@ def test_random_heads_draft_as_in_the_official_code(
     generator = torch.Generator().manual_seed(1)
     prompt = [int(t) for t in torch.randint(0, 320, (20,), generator=generator)]
     compare(tmp_path, target_dir, head_dir, prompt)
+
+
+SPECFORGE_HEAD_CONFIG = {
+    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 1, "vocab_size": 320,
+    "draft_vocab_size": 200, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
+    "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+}  # fmt: skip
+
+
+def test_a_head_saved_by_specforge_drafts_here_as_there(tmp_path) -> None:
+    """The other direction: SpecForge's own save_pretrained output, read by our loader."""
+    target_dir, _ = _random_pair(tmp_path, HeadKind.EAGLE1, 10000.0, None)
+    head_dir = tmp_path / "specforge-head"
+    unused = {name: torch.zeros(1, dtype=torch.long)
+              for name in ("prompt_ids", "first_token", "draft_tokens")}  # fmt: skip
+    run_official(
+        "specforge", "specforge_draft.py", tmp_path / "make",
+        request={"make_head": SPECFORGE_HEAD_CONFIG, "head": str(head_dir), "draft": False},
+        inputs=unused,
+    )  # fmt: skip
+    loaded = load_head(head_dir)
+    assert loaded.kind is HeadKind.EAGLE3 and loaded.config.rope_scaling["rope_type"] == "llama3"
+    generator = torch.Generator().manual_seed(2)
+    prompt = [int(t) for t in torch.randint(0, 320, (20,), generator=generator)]
+    compare(tmp_path, target_dir, head_dir, prompt)

@@ -7,6 +7,9 @@ its training-time-test path: step j feeds the head's own outputs back with the t
 j, attends to the step-0 keys causally and to its own earlier steps at the same position, at
 position t + j. At the last prompt position that is exactly a draft chain. Answer: ``logits``
 [depth, Vd] over the draft vocabulary and ``argmax`` [depth].
+
+With ``make_head`` in the request it first saves a random head with SpecForge's own
+``save_pretrained`` into the head folder (``draft: false``: only that).
 """
 
 from __future__ import annotations
@@ -22,9 +25,29 @@ from specforge.modeling.draft.llama3_eagle import (
 from transformers import LlamaConfig
 
 
+def save_random_head(config: dict, directory: str, seed: int) -> None:
+    """A random head saved by SpecForge's own ``save_pretrained``: what its trainer writes."""
+    torch.manual_seed(seed)
+    head = LlamaForCausalLMEagle3(LlamaConfig(**config), attention_backend="sdpa")
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if name.endswith("norm.weight"):  # not all ones, so a swapped norm shows
+                parameter.add_(0.1 * torch.randn_like(parameter))
+        chosen = torch.randperm(config["vocab_size"])[: config["draft_vocab_size"]].sort().values
+        head.d2t.copy_(chosen - torch.arange(config["draft_vocab_size"]))
+        head.t2d.zero_()
+        head.t2d[chosen] = True
+    head.save_pretrained(directory)
+
+
 def main() -> None:
     request, inputs = read_request()
     prompt, first, drafts = inputs["prompt_ids"], inputs["first_token"], inputs["draft_tokens"]
+    if "make_head" in request:
+        save_random_head(request["make_head"], request["head"], request.get("seed", 0))
+        if not request.get("draft", True):
+            write_answer({"saved": torch.ones(1)})
+            return
     target, hidden_states = target_hidden_states(request["target"], prompt)
     raw_config = head_config(request["head"])
     head = LlamaForCausalLMEagle3(LlamaConfig(**raw_config), attention_backend="sdpa").eval()
