@@ -103,7 +103,13 @@ def test_folded_demo_eagle1_head_drafts_as_before(tmp_path) -> None:
     assert (logits - original_logits).abs().max().item() <= TOLERANCE
 
 
-def _random_pair(tmp_path: Path, kind: HeadKind, rope_theta: float, rope_scaling: dict | None):
+def _random_pair(
+    tmp_path: Path,
+    kind: HeadKind,
+    rope_theta: float,
+    rope_scaling: dict | None,
+    layer_ids: list[int] | None = None,
+):
     """A random Llama target with grouped KV heads and a random head exported by us."""
     torch.manual_seed(3)
     config = LlamaConfig(
@@ -117,6 +123,8 @@ def _random_pair(tmp_path: Path, kind: HeadKind, rope_theta: float, rope_scaling
         config, kind, draft_vocab_size=200 if kind is HeadKind.EAGLE3 else None
     )
     head_config.rope_scaling = rope_scaling
+    if layer_ids is not None:
+        head_config.eagle_aux_hidden_state_layer_ids = layer_ids
     head = head_class(kind)(head_config).eval()
     with torch.no_grad():
         for parameter in head.parameters():  # random norms too, so a swapped norm shows
@@ -173,4 +181,12 @@ def test_a_head_saved_by_specforge_drafts_here_as_there(tmp_path) -> None:
     assert loaded.kind is HeadKind.EAGLE3 and loaded.config.rope_scaling["rope_type"] == "llama3"
     generator = torch.Generator().manual_seed(2)
     prompt = [int(t) for t in torch.randint(0, 320, (20,), generator=generator)]
+    compare(tmp_path, target_dir, head_dir, prompt)
+
+
+def test_named_feature_layers_are_read_by_both(tmp_path) -> None:
+    """Non-default eagle_aux_hidden_state_layer_ids: both sides must take the layers named."""
+    target_dir, head_dir = _random_pair(tmp_path, HeadKind.EAGLE3, 10000.0, None, [1, 5, 6])
+    generator = torch.Generator().manual_seed(4)
+    prompt = [int(t) for t in torch.randint(0, 320, (16,), generator=generator)]
     compare(tmp_path, target_dir, head_dir, prompt)
