@@ -96,7 +96,7 @@ class HeadConfig:
         if scaling is not None:
             values["rope_scaling"] = _check_rope_scaling(scaling)
         layer_ids = values.get("eagle_aux_hidden_state_layer_ids")
-        if layer_ids is None and isinstance(raw.get("eagle_config"), dict):  # speculators style
+        if layer_ids is None and isinstance(raw.get("eagle_config"), dict):  # SGLang's place
             layer_ids = raw["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
         if layer_ids is not None:
             values["eagle_aux_hidden_state_layer_ids"] = _check_layer_ids(layer_ids)
@@ -105,7 +105,7 @@ class HeadConfig:
         return cls(kind=kind, extra=extra, **values)
 
     def to_dict(self, saved_embedding: bool = False, dtype: str | None = None) -> dict[str, Any]:
-        """The config.json that every known loader reads the same way (see export notes below).
+        """The config.json that the reference code, SpecForge, vLLM and SGLang read as we do.
 
         ``saved_embedding``: the weights file carries ``embed_tokens.weight``. ``dtype``: the
         dtype of the saved weights, for loaders that read ``torch_dtype``.
