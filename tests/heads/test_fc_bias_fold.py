@@ -99,3 +99,15 @@ def test_export_names_the_feature_layers_of_an_old_eagle3_head(tmp_path) -> None
         str(tmp_path / "new" / "model.safetensors")
     )
     assert all(torch.equal(old[k], new[k]) for k in old)
+
+
+def test_export_with_embedding_copies_the_targets_and_says_so(tmp_path) -> None:
+    export(_args(head=str(DEMO / "head-eagle3"), out=str(tmp_path), target=str(DEMO / "target"),
+                 with_embedding=True))  # fmt: skip
+    config = json.loads((tmp_path / "config.json").read_text())
+    state = load_file(str(tmp_path / "model.safetensors"))
+    target_state = load_file(str(DEMO / "target" / "model.safetensors"))
+    assert config["target_hidden_size"] == config["hidden_size"]
+    assert torch.equal(state["embed_tokens.weight"], target_state["model.embed_tokens.weight"])
+    original = load_file(str(DEMO / "head-eagle3" / "model.safetensors"))
+    assert all(torch.equal(original[k], state[k]) for k in original)
