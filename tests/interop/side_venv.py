@@ -50,6 +50,7 @@ def run_official(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TORCHDYNAMO_DISABLE": "1",  # no compiler runs for a few forwards on a CPU
+        "VLLM_NO_USAGE_STATS": "1",
         "PYTHONPATH": str(OFFICIAL),
     }
     done = subprocess.run(
