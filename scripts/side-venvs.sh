@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-ROOT=.cache/side-venvs
+ROOT=${EAGLECHAT_SIDE_VENVS:-.cache/side-venvs}  # another checkout's cache can be shared
 mkdir -p "$ROOT"
 PIP_QUIET=(--quiet --disable-pip-version-check)
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SIDE_VENVS = ROOT / ".cache" / "side-venvs"
+SIDE_VENVS = Path(os.environ.get("EAGLECHAT_SIDE_VENVS", ROOT / ".cache" / "side-venvs"))
 OFFICIAL = Path(__file__).resolve().parent / "official"
 
 
