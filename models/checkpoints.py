@@ -115,14 +115,31 @@ def load_head(directory: str | Path) -> DraftHead:
     return head
 
 
-def save_head(head: DraftHead, directory: str | Path, include_embedding: bool = False) -> Path:
-    """Write the official format: config.json + model.safetensors (no borrowed target weights)."""
+def save_head(
+    head: DraftHead,
+    directory: str | Path,
+    include_embedding: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the official format: config.json + model.safetensors (no borrowed target weights).
+
+    ``include_embedding`` saves the embedding the head uses (its own or the borrowed target's),
+    for loaders that cannot reach the target's. ``dtype`` casts floating-point weights (e.g.
+    bfloat16 to halve the file); the ``d2t``/``t2d`` buffers keep theirs. config.json says
+    whether the embedding is in the file (see ``HeadConfig.to_dict``).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    if include_embedding and "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = head.embedding.weight.detach().to("cpu").contiguous()
     if not include_embedding:
         state.pop("embed_tokens.weight", None)
-    head.config.save(directory)
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    float_dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
+    dtype_name = str(float_dtypes.pop()).removeprefix("torch.") if len(float_dtypes) == 1 else None
+    head.config.save(directory, saved_embedding="embed_tokens.weight" in state, dtype=dtype_name)
     save_file(state, str(directory / SAFETENSORS_NAME))
     return directory
 

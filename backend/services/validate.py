@@ -94,6 +94,12 @@ def check_head_fits_target(
             f"layers: an EAGLE-3 head needs a target with at least {MIN_TARGET_LAYERS} layers, "
             f"target has {target_layers}"
         )
+    layer_ids = head.eagle_aux_hidden_state_layer_ids
+    if head.kind is HeadKind.EAGLE3 and layer_ids and max(layer_ids) >= target_layers:
+        problems.append(
+            f"feature layers: the head reads target layers {layer_ids}, target has "
+            f"{target_layers} layers"
+        )
     if problems:
         raise IncompatibleHeadError(
             f"{head_name} ({head.kind.value}) does not fit this target: " + "; ".join(problems),

