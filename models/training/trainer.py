@@ -185,6 +185,77 @@ def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tens
         head.norm.weight.copy_(gain / gain.abs().mean().clamp(min=1.0))
 
 
+# ---- input scaling ----------------------------------------------------------------------------
+
+
+class _DividedColumns(nn.Module):
+    """fc.weight = trained / scale (per input channel): the head trains as if its features were
+    divided by their typical size, yet its fc is an ordinary Linear on the raw features.
+
+    Some targets' residual streams are large (Gemma's reach the hundreds, with outlier channels
+    far beyond): an fc output of that size swamps the midlayer's residual updates and the head
+    stops learning. Dividing the trained weight instead of the input keeps the optimizer's steps
+    in proportion to each column."""
+
+    def __init__(self, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale)
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight / self.scale
+
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * self.scale
+
+
+def feature_scale(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-channel RMS of target features [B, S, F] over real tokens after the first (attention
+    sinks carry outliers), never below 1: small features are left as they are."""
+    valid = mask.clone()
+    valid[:, 0] = False
+    rows = features[valid] if valid.any() else features.flatten(0, 1)
+    return rows.float().pow(2).mean(0).sqrt().clamp(min=1.0)
+
+
+def scale_fc_inputs(head: DraftHead, scale: torch.Tensor) -> None:
+    """Train ``head.fc`` through :class:`_DividedColumns`; its fresh initialisation is kept as
+    the trained weight, so the scaled features start at the usual size."""
+    from torch.nn.utils import parametrize
+
+    initial = head.fc.weight.detach().clone()
+    parametrize.register_parametrization(
+        head.fc, "weight", _DividedColumns(scale.to(initial.device, initial.dtype))
+    )
+    head.fc.parametrizations.weight.original.data.copy_(initial)
+
+
+def plain_head(head: DraftHead) -> DraftHead:
+    """The head with an ordinary fc (the official format), for saving and evaluation copies."""
+    if not hasattr(head.fc, "parametrizations"):
+        return head
+    plain = head_class(head.kind)(head.config).to(head.fc.weight.device)
+    state = {k: v for k, v in head.state_dict().items() if ".parametrizations." not in k}
+    state["fc.weight"] = head.fc.weight.detach().clone()
+    plain.load_state_dict(state, strict=True)
+    plain.bind_target(head.embedding, head._borrowed.get("lm_head"))
+    return plain
+
+
+def load_plain_state(head: DraftHead, state: dict[str, torch.Tensor]) -> None:
+    """Load an ordinary state dict into a head whose fc may be trained through scaled columns."""
+    if not hasattr(head.fc, "parametrizations"):
+        head.load_state_dict(state, strict=True)
+        return
+    fc_weight = state["fc.weight"]
+    rest = {k: v for k, v in state.items() if k != "fc.weight"}
+    expected = {k for k in head.state_dict() if ".parametrizations." not in k} - {"fc.weight"}
+    if set(rest) != expected:
+        raise ConfigError("checkpoint keys do not match the head being trained")
+    head.load_state_dict(rest, strict=False)
+    scale = head.fc.parametrizations.weight[0].scale
+    head.fc.parametrizations.weight.original.data.copy_(fc_weight.to(scale.device) * scale)
+
+
 # ---- schedule ---------------------------------------------------------------------------------
 
 
@@ -217,7 +288,7 @@ def _save_checkpoint(out_dir: Path, step: int, head: DraftHead, state: dict, kee
     final = out_dir / f"{CHECKPOINT_PREFIX}{step}"
     partial = out_dir / f".{CHECKPOINT_PREFIX}{step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    save_head(head, partial)
+    save_head(plain_head(head), partial)
     torch.save(state, partial / STATE_NAME)
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)  # a checkpoint dir exists only once complete
@@ -234,7 +305,7 @@ def _restore(path: Path, head: DraftHead) -> dict:
             f"checkpoint {path} holds a different head than this run would train",
             hint="resume with the same kind, draft vocabulary size and target",
         )
-    head.load_state_dict(loaded.state_dict(), strict=True)
+    load_plain_state(head, loaded.state_dict())
     return torch.load(path / STATE_NAME, map_location="cpu", weights_only=True)
 
 
@@ -271,6 +342,11 @@ def train_head(
     target.eval().requires_grad_(False)
     head = build_head_for_target(target, tokenizer, examples, config).to(device).train()
     feature_layers = head.feature_layers(len(decoder_of(target).layers))
+    pad_id = pad_id_of(tokenizer)
+    if head.kind is HeadKind.EAGLE3:
+        first = [examples[i] for i in batch_indices(len(examples), config.batch_size, 0, config.seed)]
+        sample = target_batch(target, first, feature_layers, pad_id, config.max_length, device)
+        scale_fc_inputs(head, feature_scale(sample.features, sample.loss_mask))
     total = config.steps or math.ceil(config.epochs * len(examples) / config.batch_size)
     warmup = config.warmup_steps if config.warmup_steps is not None else max(1, total // 20)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -294,7 +370,6 @@ def train_head(
         logger.info("resumed from %s (step %d of %d)", path, step_done, total)
     elif config.resume:
         logger.info("no checkpoint in %s: starting from step 0", out_dir)
-    pad_id = pad_id_of(tokenizer)
     draft_ids = None
     if head.config.has_reduced_vocab and config.draft_readout_only:
         draft_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=device))
@@ -337,6 +412,7 @@ def train_head(
     finally:
         if bar is not None:
             bar.close()
+    head = result.head = plain_head(head)  # the official format from here on
     save_head(head, out_dir)
     if evaluate is not None:
         result.tau = _evaluate(head, evaluate)

@@ -173,3 +173,32 @@ def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.startswith("trained eagle3 head: 4 steps")
     args.target = str(tmp_path / "missing")
     assert training_cli.run(args) == training_cli.EXIT_ERROR
+
+
+def test_large_features_train_through_scaled_fc_columns_and_save_plain(easy_target) -> None:
+    """Targets with large residual streams: fc is trained on features divided by their
+    per-channel size, yet saved as an ordinary fc that gives the same outputs on raw features."""
+    from models.training.trainer import (
+        feature_scale,
+        load_plain_state,
+        plain_head,
+        scale_fc_inputs,
+    )
+    from tests.factories import tiny_head
+
+    head = tiny_head("eagle3", easy_target)
+    features = torch.randn(2, 9, head.fc.in_features) * torch.linspace(0.5, 400, head.fc.in_features)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    scale = feature_scale(features, mask)
+    assert scale.min() >= 1.0 and scale[-1] > 100
+    raw_init = head.fc(features).pow(2).mean().sqrt()
+    scale_fc_inputs(head, scale)
+    scaled_init = head.fc(features).pow(2).mean().sqrt()
+    assert scaled_init < raw_init / 20  # the head starts on features of the usual size
+    plain = plain_head(head)
+    assert not hasattr(plain.fc, "parametrizations")
+    torch.testing.assert_close(plain.fc(features), head.fc(features))
+    again = tiny_head("eagle3", easy_target, seed=9)
+    scale_fc_inputs(again, scale)
+    load_plain_state(again, plain.state_dict())
+    torch.testing.assert_close(again.fc(features), head.fc(features))
