@@ -25,3 +25,12 @@ def run(runner, drafter, prompt, **config) -> tuple[GenerationSummary, list[Roun
     assert isinstance(events[-1], Finished), events[-1]
     rounds = [e for e in events if isinstance(e, RoundCompleted)]
     return events[-1].summary, rounds
+
+
+def path_tokens(tree, node: int) -> list[int]:
+    """Token ids from the tree's root down to ``node``: what sequential decoding would feed."""
+    path, at = [], node
+    while at >= 0:
+        path.insert(0, int(tree.token_ids[at]))
+        at = int(tree.parents[at])
+    return path

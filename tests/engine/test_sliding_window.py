@@ -26,7 +26,7 @@ from backend.engine import kv
 from backend.engine.attention_layout import AttentionLayout, UnsupportedTargetError
 from backend.engine.tree import DraftTree
 from backend.services.loading import prepare
-from tests.engine.helpers import make_runner, run
+from tests.engine.helpers import make_runner, path_tokens, run
 from tests.engine.test_loop_identity import hf_greedy
 from tests.factories import tiny_head
 
@@ -91,10 +91,7 @@ def test_every_tree_node_sees_what_sequential_decoding_sees(name: str) -> None:
     assert kv.cache_length(cache) == len(prefix) - 1 + tree.size
     with torch.no_grad():
         for node in range(tree.size):
-            path, at = [], node
-            while at >= 0:
-                path.insert(0, int(tokens[at]))
-                at = int(parents[at])
+            path = path_tokens(tree, node)
             reference = model(torch.tensor([prefix[:-1] + path])).logits[0, -1]
             torch.testing.assert_close(logits[node], reference, atol=1e-4, rtol=1e-4)
 
