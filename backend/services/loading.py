@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -29,7 +28,7 @@ from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
-from backend.services.target_source import is_gguf_path, local_source, normalize_target
+from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
 from models.heads.base import DraftHead
@@ -98,15 +97,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
     """A local directory or .gguf file as is; otherwise a Hub id resolved from the local cache.
     With ``gguf_file`` the result is that file's path inside the folder."""
-    repo_or_path, gguf_file = normalize_target(repo_or_path, gguf_file)
-    path = Path(repo_or_path).expanduser()
-    if path.is_dir() or is_gguf_path(repo_or_path):
-        folder = str(path)
-    else:
-        from backend.services.hub import resolve_local
+    repo_id, gguf_file, local = locate(repo_or_path, gguf_file)
+    if local is not None:
+        return local
+    from backend.services.hub import resolve_local
 
-        folder = resolve_local(repo_or_path, gguf_file=gguf_file)
-    return local_source(folder, gguf_file).display
+    return local_source(resolve_local(repo_id, gguf_file=gguf_file), gguf_file).display
 
 
 def quantization_config(kind: str, compute_dtype: torch.dtype) -> Any:

