@@ -74,16 +74,11 @@ def sample_accept(
         accepted_child = None
         for child in children[node]:
             token = tokens[child]
-            if q is None:  # deterministic draft: q is a point mass on the token
-                if uniform(generator) < float(p[token]):
-                    accepted_child = child
-                    break
-                p[token] = 0.0
-            else:
-                if uniform(generator) * float(q[token]) < float(p[token]):
-                    accepted_child = child
-                    break
-                p = (p - q).clamp_(min=0.0)
+            q_token = 1.0 if q is None else float(q[token])  # a deterministic draft: q = 1
+            if uniform(generator) * q_token < float(p[token]):  # min(1, p/q)
+                accepted_child = child
+                break
+            p = rejection_residual(p, q, token)
             total = float(p.sum())
             if total <= 0.0:  # nothing left outside what was rejected: only rounding got here
                 accepted_child = child
@@ -94,6 +89,17 @@ def sample_accept(
             return Acceptance(tuple(path), tuple(tokens[i] for i in path) + (bonus,), bonus)
         path.append(accepted_child)
         node = accepted_child
+
+
+def rejection_residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
+    """What p becomes after rejecting ``token`` drafted from q, before normalising:
+    max(p - q, 0), and for a deterministic draft (q = None, a point mass) p with ``token``
+    zeroed. Any other residual (for a sampled draft, p with the token zeroed) is not lossless;
+    the statistical tests swap this function to show they catch that."""
+    if q is None:
+        p[token] = 0.0
+        return p
+    return (p - q).clamp_(min=0.0)
 
 
 def _proposal(tree: DraftTree, node: int, vocab_size: int) -> torch.Tensor | None:

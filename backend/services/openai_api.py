@@ -9,7 +9,10 @@ Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` give
 carries its round's accepted-draft count and the final chunk the statistics and usage.
 
 Standard library only (``ThreadingHTTPServer``): requests share the Backend's FIFO queue, so
-they run one at a time on the model. Off by default; binds 127.0.0.1 unless a host is given.
+they run one at a time on the model. A client that closes its connection, while queued or while
+its reply is generated (streamed or not), cancels its request: it leaves the queue or its
+generation stops at the next round, and the model goes to the next client. Off by default;
+binds 127.0.0.1 unless a host is given.
 Differences from OpenAI: ``temperature`` defaults to greedy (EagleChat's default), ``n`` must
 be 1, stop sequences are not supported, and the ``model`` field is not checked (the loaded pair
 answers whatever name a client sends).
@@ -20,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import selectors
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,6 +62,14 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _STATUS = {"input": 400, "config": 400, "incompatible_head": 400, "no_model": 404}
 _TREE_KEYS = {"total_tokens", "depth", "top_k", "shape"}
 _FINISH = {"max_new_tokens": "length", "context_length": "length"}  # anything else: "stop"
+DISCONNECT_POLL_S = 0.05  # how often a request's watcher looks whether its client is still there
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Clients beyond the default backlog of 5 would have their connection attempts dropped
+    # and retried seconds later; queueing is the Backend's job, so accept them all at once.
+    request_queue_size = 64
 
 
 @dataclass
@@ -80,8 +94,7 @@ def start_openai_server(
         logger.warning(
             "the OpenAI API listens on %s: anyone who can reach it can use the model", host
         )
-    server = ThreadingHTTPServer((host, port), _Handler)
-    server.daemon_threads = True
+    server = _Server((host, port), _Handler)
     server.backend = backend  # type: ignore[attr-defined]
     thread = threading.Thread(
         target=server.serve_forever,
@@ -193,6 +206,42 @@ def _usage(summary: GenerationSummary, prompt_tokens: int) -> dict[str, int]:
     }
 
 
+@contextmanager
+def cancel_on_disconnect(connection: socket.socket) -> Iterator[threading.Event]:
+    """An event that is set as soon as the client closes ``connection`` (checked by a watcher
+    thread, so a client waiting in the queue is noticed too), and when the block ends."""
+    cancel, done = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        with selectors.DefaultSelector() as selector:  # no descriptor limit, unlike select()
+            selector.register(connection, selectors.EVENT_READ)
+            while not done.wait(DISCONNECT_POLL_S):
+                if selector.select(timeout=0) and _peer_closed(connection):
+                    logger.info("client went away; cancelling its request")
+                    cancel.set()
+                    return
+
+    watcher = threading.Thread(target=watch, name="eaglechat-openai-watch", daemon=True)
+    watcher.start()
+    try:
+        yield cancel
+    finally:
+        cancel.set()
+        done.set()
+        watcher.join()
+
+
+def _peer_closed(connection: socket.socket) -> bool:
+    """On a readable connection: True when the peer closed or reset it. Only peeks: bytes a
+    client sends early (a pipelined next request) stay for the handler to read."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset by the peer
+        return True
+
+
 def _error_body(code: str, message: str, hint: str = "") -> dict[str, Any]:
     kind = "invalid_request_error" if _status(code) < 500 else "server_error"
     text = f"{message} ({hint})" if hint else message
@@ -242,21 +291,26 @@ class _Handler(BaseHTTPRequestHandler):
         except (TypeError, ValueError) as err:  # a field of the wrong JSON type
             self._json(400, _error_body("input", f"invalid request: {err}"))
             return
-        cancel = threading.Event()
-        events = self.backend.stream(messages, config, cancel=cancel)
-        try:
-            first = next(events)
-            if isinstance(first, GenerationFailed):
-                self._json(_status(first.code), _error_body(first.code, first.message, first.hint))
-            elif body.get("stream"):
-                self._stream(first, events, info, config.mode)
-            else:
-                self._complete(first, events, info, config.mode)
-        except (BrokenPipeError, ConnectionResetError):
-            logger.info("client went away; cancelling its generation")
-        finally:
-            cancel.set()
-            events.close()  # releases the model's queue turn at once
+        with cancel_on_disconnect(self.connection) as cancel:
+            events = self.backend.stream(messages, config, cancel=cancel)
+            try:
+                first = next(events)
+                if cancel.is_set():  # the client left while queued: nobody to answer
+                    self.close_connection = True
+                elif isinstance(first, GenerationFailed):
+                    self._json(
+                        _status(first.code), _error_body(first.code, first.message, first.hint)
+                    )
+                elif body.get("stream"):
+                    self._stream(first, events, info, config.mode)
+                else:
+                    self._complete(first, events, info, config.mode)
+            except ConnectionError:  # reset or broken pipe while writing the reply
+                logger.info("client went away; cancelling its generation")
+                self.close_connection = True
+            finally:
+                cancel.set()
+                events.close()  # releases the model's queue turn at once
 
     def _complete(
         self, first: GenerationEvent, events: Iterator[GenerationEvent], info: PairInfo, mode: str

@@ -15,6 +15,7 @@ import torch
 
 import backend.engine.loop as loop
 from backend.config import SamplingConfig, TreeConfig
+from backend.engine.autotune import CostModel
 from backend.engine.sampling import processed_probs
 from backend.engine.verify import greedy_accept
 from tests.engine.helpers import make_runner, run
@@ -58,16 +59,22 @@ TOP_K = TreeConfig(shape="static", depth=3)  # deterministic top-k drafts at any
 
 
 def sample_counts(
-    runner, drafter, sampling: SamplingConfig, tree: TreeConfig = SAMPLED,
+    runner,
+    drafter,
+    sampling: SamplingConfig,
+    tree: TreeConfig = SAMPLED,
     prompt: list[int] = PROMPT,
+    costs: CostModel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of the 2nd and 3rd tokens over SAMPLES seeded runs (``costs`` for an auto tree)."""
     second, third = torch.zeros(VOCAB), torch.zeros(VOCAB)
     accepted = 0
     for i in range(SAMPLES):
         seeded = SamplingConfig(sampling.temperature, sampling.top_p, sampling.top_k, seed=i)
         summary, rounds = run(
-            runner, drafter, prompt, mode="eagle", max_new_tokens=3, sampling=seeded, tree=tree
-        )
+            runner, drafter, prompt, mode="eagle", max_new_tokens=3, sampling=seeded, tree=tree,
+            costs=costs,
+        )  # fmt: skip
         second[summary.token_ids[1]] += 1
         third[summary.token_ids[2]] += 1
         accepted += sum(r.num_accepted_drafts for r in rounds)
