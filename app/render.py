@@ -46,6 +46,14 @@ STOP_REASONS = {
 
 Highlight = tuple[str, str]
 
+# Shown instead of a plot that has nothing to draw yet.
+EMPTY_ACCEPTANCE_PLOT = (
+    "*No rounds yet: acceptance length per round is plotted here as a reply streams.*"
+)
+EMPTY_RACE_PLOT = (
+    "*No race yet: tokens over time for both lanes are plotted here once a race runs.*"
+)
+
 
 def highlight_spans(spans: Iterable[TextSpan]) -> list[Highlight]:
     """(text, label) pairs for gr.HighlightedText, adjacent pieces of one source merged."""
@@ -206,6 +214,11 @@ def acceptance_frame(stats: LiveStats) -> pd.DataFrame:
     )
     # Explicit dtypes: Gradio picks the axis type from the first (empty) value it sees.
     return frame.astype({"round": "int64", "acceptance length": "int64"})
+
+
+def race_has_data(vanilla: LiveStats, eagle: LiveStats) -> bool:
+    """Whether either lane has produced a token, i.e. the race plot has a line to draw."""
+    return bool(vanilla.progress or eagle.progress)
 
 
 def race_frame(vanilla: LiveStats, eagle: LiveStats) -> pd.DataFrame:

@@ -109,6 +109,10 @@ def stats_text(page) -> str:
 
 def test_reply_streams_and_panel_fills(page) -> None:
     open_tab(page, "Chat")
+    # Before the first reply the plot is an empty state, not a chart with "0.000000" axes.
+    assert page.locator("#accept-plot-empty").is_visible()
+    assert page.locator("#accept-plot canvas, #accept-plot svg").count() == 0
+    assert "0.000000" not in page.inner_text(".accept-panel")
     page.evaluate(WATCH_REPLY)
     send(page, "hello world")
     page.wait_for_function(
@@ -130,7 +134,8 @@ def test_reply_streams_and_panel_fills(page) -> None:
     assert re.search(r"avg acceptance length \(τ\)\s+[\d.]+", stats)
     assert re.search(r"last acceptance length\s+\d+", stats)
     assert re.search(r"tokens per target forward\s+[\d.]+", stats)
-    assert page.locator("#accept-plot canvas, #accept-plot svg").count() > 0
+    page.locator("#accept-plot canvas, #accept-plot svg").first.wait_for()
+    assert not page.locator("#accept-plot-empty").is_visible()
     page.screenshot(path=ARTIFACTS / "chat.png", full_page=True)
 
 
@@ -154,6 +159,8 @@ def test_stop_mid_stream(page) -> None:
 
 def test_race_shows_both_speeds_and_identity(page) -> None:
     open_tab(page, "EAGLE vs vanilla")
+    assert page.locator("#race-plot-empty").is_visible()
+    assert page.locator("#race-plot canvas, #race-plot svg").count() == 0
     page.fill("#race-prompt textarea", "Tell me a story")
     page.click("#race-run")
     page.wait_for_function(
@@ -174,6 +181,8 @@ def test_race_shows_both_speeds_and_identity(page) -> None:
         > 0
     )
     assert page.locator("#race-eagle-text .token").count() > 0
+    page.locator("#race-plot canvas, #race-plot svg").first.wait_for()
+    assert not page.locator("#race-plot-empty").is_visible()
     page.screenshot(path=ARTIFACTS / "race.png", full_page=True)
 
 
