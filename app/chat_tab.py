@@ -155,6 +155,7 @@ class ChatController:
             cancel=run.cancel,
         )
         pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
+        estimate: float | None = None
         for event in events:
             if run.discarded:  # cleared: leave the empty chat alone and free the model now
                 events.close()
@@ -175,7 +176,10 @@ class ChatController:
                     }
                 )
             with_plot = plot_pacer.due(final=stats.done)
-            yield shown, gr.skip(), *panel_values(stats, baseline, config.mode, with_plot)
+            # Calibration happens in the first EAGLE reply: ask again until it is known.
+            estimate = estimate or (None if baseline else self.backend.estimated_vanilla_speed())
+            panel = panel_values(stats, baseline, config.mode, with_plot, estimate)
+            yield shown, gr.skip(), *panel
 
     def stop(self, session: Session) -> None:
         if session.stop("chat"):

@@ -29,7 +29,7 @@ from app.render import (
     race_has_data,
     race_verdict_markdown,
 )
-from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Session
+from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Baseline, Session
 from app.stats_panel import MIN_REFRESH_S, PLOT_REFRESH_S, Pacer, plot_values
 from backend.api import Backend
 from backend.config import DEFAULT_MAX_NEW_TOKENS
@@ -110,6 +110,7 @@ class RaceController:
                 verdict = "Racing…" if verdict.startswith("Waiting") else verdict
             elif isinstance(event, RaceFinished):
                 verdict = race_verdict_markdown(event, float(temperature))
+                self._remember_baseline(lanes["vanilla"], session)
             elif isinstance(event, GenerationFailed):
                 gr.Warning(error_text(event))
                 verdict = error_markdown(event)
@@ -119,6 +120,13 @@ class RaceController:
 
     def stop(self, session: Session) -> None:
         session.stop("race")
+
+    def _remember_baseline(self, vanilla: LiveStats, session: Session) -> None:
+        """The race measured vanilla decoding: the chat panel's speedup uses it from now on
+        instead of the calibration's estimate."""
+        info, speed = self.backend.status().loaded, vanilla.decode_tokens_per_s
+        if info is not None and speed:
+            session.baseline = Baseline(info=info, tokens_per_s=speed)
 
 
 @dataclass

@@ -164,9 +164,22 @@ def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "–"
 
 
-def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: str = "eagle") -> str:
-    """The live numbers as a two-column Markdown table, plus the speedup over a measured
-    vanilla baseline when one is known."""
+ESTIMATE_NOTE = (
+    "*≈ Estimate: vanilla speed predicted from one plain step timed when the pair was "
+    "calibrated, not measured. Press **Measure vanilla baseline** or run a race in "
+    "**EAGLE vs vanilla** to measure it.*"
+)
+
+
+def stats_markdown(
+    stats: LiveStats,
+    baseline_tps: float | None = None,
+    mode: str = "eagle",
+    estimated_tps: float | None = None,
+) -> str:
+    """The live numbers as a two-column Markdown table, plus the speedup over vanilla: measured
+    when a baseline was measured, else marked as an estimate from the calibration's
+    ``estimated_tps``."""
     last = stats.accept_lengths[-1] if stats.accept_lengths else None
     ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
     rows = [
@@ -178,15 +191,21 @@ def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: st
         ("new tokens / rounds", f"{stats.new_tokens} / {stats.rounds}"),
         ("reply written by accepted drafts", _share(stats.accepted_drafts, stats.new_tokens)),
     ]
+    decode = stats.decode_tokens_per_s
+    note = ""
     if baseline_tps:
-        decode = stats.decode_tokens_per_s
         speedup = decode / baseline_tps if decode else None
         rows.append(("vanilla baseline (measured)", f"{baseline_tps:.1f} tokens/s"))
         if mode == "eagle":
             rows.append(("decode speedup over baseline", _num(speedup, 2, "×")))
+    elif estimated_tps and mode == "eagle":
+        speedup = decode / estimated_tps if decode else None
+        rows.append(("vanilla speed (estimate, not measured)", f"≈ {estimated_tps:.1f} tokens/s"))
+        rows.append(("decode speedup (estimate)", f"≈ {_num(speedup, 2, '×')}"))
+        note = ESTIMATE_NOTE
     lines = ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
-    status = _status_line(stats)
-    return "\n".join(lines) + (f"\n\n{status}" if status else "")
+    extra = [text for text in (note, _status_line(stats)) if text]
+    return "\n\n".join(["\n".join(lines), *extra])
 
 
 def _status_line(stats: LiveStats) -> str:

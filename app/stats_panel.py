@@ -95,11 +95,14 @@ def panel_values(
     baseline_tps: float | None = None,
     mode: str = "eagle",
     with_plot: bool = True,
+    estimated_tps: float | None = None,
 ) -> tuple[list[tuple[str, str]], str, Any, Any]:
-    """Values for :attr:`StatsPanel.outputs`; ``with_plot=False`` leaves the plot as it is."""
+    """Values for :attr:`StatsPanel.outputs`; ``with_plot=False`` leaves the plot as it is.
+    ``estimated_tps`` (vanilla speed from calibration) is shown only while no baseline was
+    measured, and marked as an estimate."""
     plot = plot_values(acceptance_frame(stats), stats.rounds > 0) if with_plot else (gr.skip(),) * 2
     return (
         highlight_spans(stats.spans),
-        stats_markdown(stats, baseline_tps=baseline_tps, mode=mode),
+        stats_markdown(stats, baseline_tps, mode, estimated_tps),
         *plot,
     )

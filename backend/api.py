@@ -237,6 +237,16 @@ class Backend:
                 self._vanilla_speed = tokens / seconds if seconds > 0 else None
         return self._vanilla_speed
 
+    def estimated_vanilla_speed(self) -> float | None:
+        """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed
+        one-token forward), without running anything: an estimate, not a measurement. None
+        before the pair was calibrated (its first EAGLE reply with an automatic tree)."""
+        pair = self.pair
+        if pair is None or pair.costs is None:
+            return None
+        step_s = pair.costs.verify(1)
+        return 1.0 / step_s if step_s > 0 else None
+
     # ---- internals ---------------------------------------------------------------------------
     def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:
         yield Progress("resolve", 0, 3, "steps", f"locating {config.target}")

@@ -13,7 +13,7 @@ from app.chat_tab import ERROR_TITLE, ChatController, backend_messages
 from app.main import DEMO_MISSING, check_exposure, parse_auth, startup_pair
 from app.models_tab import CUSTOM, ModelsController, tree_config
 from app.race_tab import RaceController
-from app.render import DRAFT_LABEL
+from app.render import DRAFT_LABEL, ESTIMATE_NOTE
 from app.session import Session
 from backend.config import TreeConfig
 from backend.errors import ConfigError
@@ -320,3 +320,20 @@ def test_run_launches_on_loopback_with_assets(monkeypatch) -> None:
     monkeypatch.setattr(main, "Backend", lambda: pytest.fail("must refuse before loading"))
     with pytest.raises(ConfigError):
         main.run(argparse.Namespace(**{**vars(args), "host": "0.0.0.0"}))
+
+
+def test_speedup_is_an_estimate_until_measured() -> None:
+    backend, session = FakeBackend(calibrated_speed=20.0), Session()
+    controller = chat_controller(backend)
+    numbers = list(controller.chat("hi", [], *SETTINGS, session))[-1][3]
+    assert "| vanilla speed (estimate, not measured) | ≈ 20.0 tokens/s |" in numbers
+    assert "decode speedup (estimate) | ≈ " in numbers and ESTIMATE_NOTE in numbers
+    assert "(measured)" not in numbers
+    # A race measures vanilla decoding; from then on the panel shows the measured figure.
+    race = RaceController(backend, 0.0, 0.0)
+    list(race.race("Why?", "", 0.0, 1.0, 64, True, 16, 5, 4, session))
+    numbers = list(controller.chat("hi", [], *SETTINGS, session))[-1][3]
+    assert "vanilla baseline (measured)" in numbers and "estimate" not in numbers
+    # Without calibration (e.g. vanilla-only use) there is no estimate to show.
+    numbers = list(chat_controller(FakeBackend()).chat("hi", [], *SETTINGS, Session()))[-1][3]
+    assert "estimate" not in numbers and "speedup" not in numbers
