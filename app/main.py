@@ -164,7 +164,7 @@ def startup_pair(
     config = LoadConfig(
         target=demo.target,
         head=demo.head,
-        dtype=args.dtype or demo.dtype,
+        dtype=args.dtype or backend.default_dtype(demo.dtype),
         quantization=args.quantize,
     )
     if not (Path(demo.target).is_dir() and Path(demo.head).is_dir()):

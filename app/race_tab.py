@@ -109,7 +109,9 @@ class RaceController:
                 lanes[event.lane].update(event.event)
                 verdict = "Racing…" if verdict.startswith("Waiting") else verdict
             elif isinstance(event, RaceFinished):
-                verdict = race_verdict_markdown(event, float(temperature))
+                info = self.backend.status().loaded
+                dtype = info.dtype if info is not None else "float32"
+                verdict = race_verdict_markdown(event, float(temperature), dtype)
                 self._remember_baseline(lanes["vanilla"], session)
             elif isinstance(event, GenerationFailed):
                 gr.Warning(error_text(event))

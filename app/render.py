@@ -274,8 +274,19 @@ def _excerpt(text: str, at: int, before: int = 30, after: int = 20) -> str:
     return ("…" if start else "") + piece.replace("\n", "⏎").replace("`", "'")
 
 
-def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str:
-    """Final speedup and the identity verdict; where texts differ, where and how."""
+ROUNDING_NOTE = (
+    "In {dtype} this is expected, not a bug: verifying several tokens in one forward adds "
+    "numbers in a different order than decoding one token at a time, the rounding differs, "
+    "and where two candidate tokens are almost tied greedy decoding can pick the other one. "
+    "Token-for-token identity is a float32 guarantee: load the pair in float32 to check it."
+)
+
+
+def race_verdict_markdown(
+    result: RaceFinished, temperature: float = 0.0, dtype: str = "float32"
+) -> str:
+    """Final speedup and the identity verdict; where texts differ, where and how (and why,
+    when sampling or half-precision rounding explains it)."""
     stopped = "cancelled" in (result.vanilla.stop_reason, result.eagle.stop_reason)
     lines = [
         f"### EAGLE speedup: {result.speedup:.2f}×" + (" (stopped early)" if stopped else ""),
@@ -299,6 +310,8 @@ def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str
                 f"- vanilla: `{_excerpt(result.vanilla.text, at)}`\n"
                 f"- EAGLE: `{_excerpt(result.eagle.text, at)}`"
             )
+        if temperature == 0 and dtype != "float32":
+            lines.append(ROUNDING_NOTE.format(dtype=dtype))
         if temperature > 0:
             lines.append(
                 f"At temperature {temperature:g} both lanes sample independently, so the texts "
@@ -390,13 +403,21 @@ def pair_markdown(pair: Any) -> str:
         f"download ≈ {pair.target_gb + pair.head_gb:.2f} GB "
         f"(target {pair.target_gb:g} GB, head {pair.head_gb:g} GB)",
         f"Recommended tree: {tree.total_tokens} tokens, depth {tree.depth}, top-k {tree.top_k}; "
-        f"dtype {pair.dtype}.",
+        + _catalog_dtype_text(pair.dtype),
     ]
     if pair.gated:
         lines.append("Gated target: accept its licence on the Hub and log in with a token first.")
     if pair.note:
         lines.append(pair.note)
     return "\n\n".join(lines)
+
+
+def _catalog_dtype_text(dtype: str) -> str:
+    if dtype == "float32":
+        return "dtype float32."
+    if dtype == "auto":
+        return "dtype by device: float32 on CPUs, bfloat16 on GPUs."
+    return f"dtype {dtype} on GPUs; float32 on CPUs without {dtype} matrix units."
 
 
 def plan_markdown(plan: PairPlan) -> str:

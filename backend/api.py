@@ -48,8 +48,9 @@ from backend.events import (
 from backend.services import planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
+from backend.services.dtypes import choose_dtype
 from backend.services.hub_progress import format_bytes
-from backend.services.loading import LoadedPair, drain, load_steps, prepare
+from backend.services.loading import LoadedPair, default_device, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.sessions import GenerationQueue
 
@@ -236,6 +237,11 @@ class Backend:
                 tokens = sum(len(r.token_ids) for r in rounds)
                 self._vanilla_speed = tokens / seconds if seconds > 0 else None
         return self._vanilla_speed
+
+    def default_dtype(self, preferred: str = "auto") -> str:
+        """The dtype "auto" picks on this machine for a pair whose catalog prefers
+        ``preferred`` (e.g. float32 instead of the catalog's bfloat16 on a CPU)."""
+        return choose_dtype("auto", default_device(), preferred)
 
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed

@@ -26,8 +26,9 @@ from backend.config import LoadConfig
 from backend.errors import HubError, ResourceError
 from backend.events import PairPlan, Progress, RepoSize
 from backend.services import hub
+from backend.services.dtypes import resolve_dtype
 from backend.services.hub_progress import ProgressCallback, format_bytes
-from backend.services.loading import default_device, resolve_dtype
+from backend.services.loading import default_device
 from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
 

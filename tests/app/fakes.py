@@ -197,6 +197,9 @@ class FakeBackend:
     def vanilla_speed(self) -> float | None:
         return 50.0 if self.loaded else None
 
+    def default_dtype(self, preferred: str = "auto") -> str:
+        return "float32"  # what a CPU without bf16 matrix units gets
+
     def estimated_vanilla_speed(self) -> float | None:
         return self.calibrated_speed if self.loaded else None
 

@@ -174,7 +174,7 @@ def test_model_manager_select_plan_download_load() -> None:
     assert (target, head, dtype, total, depth, top_k) == (
         "org/target",
         "org/head",
-        "float16",
+        "float32",  # the catalog's float16 is for GPUs; the fake backend is a plain CPU
         60,
         6,
         10,
