@@ -45,7 +45,7 @@ from backend.events import (
     RoundCompleted,
     Started,
 )
-from backend.services import planning
+from backend.services import hub_mode, planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
@@ -237,6 +237,11 @@ class Backend:
                 tokens = sum(len(r.token_ids) for r in rounds)
                 self._vanilla_speed = tokens / seconds if seconds > 0 else None
         return self._vanilla_speed
+
+    def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
+        """Offline for this run when asked or when the Hub cannot be reached (a short bounded
+        probe); returns why it is offline, or None when downloads are possible."""
+        return hub_mode.choose_hub_mode(asked_offline)
 
     def default_dtype(self, preferred: str = "auto") -> str:
         """The dtype "auto" picks on this machine for a pair whose catalog prefers

@@ -46,6 +46,7 @@ from backend.errors import (
     NetworkError,
     RepoNotFoundError,
 )
+from backend.services.hub_mode import offline_env
 from backend.services.hub_progress import (
     DownloadMeter,
     ProgressCallback,
@@ -338,11 +339,10 @@ def _settings() -> _Settings:
         cache_dir = os.path.join(env["HF_HOME"], "hub")
     else:
         cache_dir = constants.HF_HUB_CACHE
-    offline_env = env.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
     return _Settings(
         endpoint=env.get("HF_ENDPOINT", "").rstrip("/") or None,
         cache_dir=str(Path(cache_dir).expanduser().resolve()),
-        offline=offline_env or constants.is_offline_mode(),
+        offline=offline_env() or constants.is_offline_mode(),
         timeout_s=float(env.get("HF_HUB_ETAG_TIMEOUT") or constants.DEFAULT_ETAG_TIMEOUT),
     )
 

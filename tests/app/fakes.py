@@ -197,6 +197,9 @@ class FakeBackend:
     def vanilla_speed(self) -> float | None:
         return 50.0 if self.loaded else None
 
+    def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
+        return "offline mode was asked for (--offline)" if asked_offline else None
+
     def default_dtype(self, preferred: str = "auto") -> str:
         return "float32"  # what a CPU without bf16 matrix units gets
 
