@@ -6,9 +6,9 @@ HTML tag. :func:`reply_markdown` keeps the Markdown a reply really uses (fenced 
 lists, quotes, paired ``**bold**``/``*emphasis*``, inline code, links) and neutralises the rest:
 
 - fenced code passes through as it is (a fence still open while streaming is closed);
-- a paragraph with indented lines that are not list items is code written without a fence:
-  from the line before the first indented one (``def f():``) to the paragraph's end, it is
-  shown in a fence, indentation intact;
+- a paragraph with indented lines (two spaces or a tab) that are not list items is code
+  written without a fence: from the line before the first indented one (``def f():``) to the
+  paragraph's end, it is shown in a fence, indentation intact;
 - elsewhere, characters that would start emphasis, strikethrough, HTML or an escape by accident
   are backslash-escaped or written as entities.
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 
 _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# Two spaces or a tab: a single leading space is often just how a tokenizer decodes a reply.
+_INDENTED = re.compile(r"^(?: {2,}|\t)")
 _LIST_ITEM = re.compile(r"^\s*(?:[*+-]|\d{1,9}[.)])\s")
 _BLOCK_PREFIX = re.compile(r"^ {0,3}(?:#{1,6}\s|>\s?|(?:[*+-]|\d{1,9}[.)])\s+)")
 _CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
@@ -96,9 +98,9 @@ def _paragraph_markdown(lines: list[str]) -> list[str]:
 
 def _code_start(lines: list[str]) -> int | None:
     """Where unfenced code starts in a paragraph: the line before its first indented line
-    that is not a list item; None for a paragraph without such a line."""
+    (two spaces or a tab) that is not a list item; None for a paragraph without one."""
     for index, line in enumerate(lines):
-        if line[:1] in (" ", "\t") and not _LIST_ITEM.match(line):
+        if _INDENTED.match(line) and not _LIST_ITEM.match(line):
             return max(0, index - 1)
     return None
 
