@@ -70,7 +70,10 @@ SAFETENSORS_WEIGHTS = (
     "model-*-of-*.safetensors",
 )
 BIN_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin")
-_OFFLINE_HINT = "unset HF_HUB_OFFLINE to download, or pass a local folder instead of a repo id"
+_OFFLINE_HINT = (
+    "to download, restart without --offline or HF_HUB_OFFLINE=1, with the Hub reachable; "
+    "or pass a local folder instead of a repo id"
+)
 
 
 @dataclass(frozen=True, slots=True)
