@@ -36,7 +36,10 @@ logger = logging.getLogger(__name__)
 
 _SAMPLING = SamplingConfig()
 ERROR_TITLE = "⚠ Error"  # metadata title of error notes, which are never sent to the model
-BASELINE_HELP = "Vanilla baseline: not measured yet for this model."
+BASELINE_HELP = (
+    "Vanilla baseline: until it is measured here or by a race in *EAGLE vs vanilla*, the "
+    "speedup above is an estimate."
+)
 
 ChatMessage = dict[str, Any]
 
