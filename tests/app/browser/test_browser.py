@@ -210,8 +210,7 @@ def test_model_manager_loads_with_progress(page, live_app: LiveApp) -> None:
 DEMO = ROOT / "assets" / "demo"
 CODE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
 ARITHMETIC_PROMPT = (
-    "Tom has 12 apples. He gives 5 to his friend and buys 8 more. "
-    "How many apples does he have now?"
+    "Tom has 12 apples. He gives 5 to his friend and buys 8 more. How many apples does he have now?"
 )
 
 
@@ -264,7 +263,10 @@ def test_real_demo_replies_render_faithfully(browser, demo_app) -> None:
     indented = [line for line in code.splitlines() if line.startswith((" ", "\t"))]
     assert indented and "```" not in code, f"expected unfenced indented code: {code!r}"
     assert arithmetic.count("*") >= 2, f"expected arithmetic with '*': {arithmetic!r}"
-    page = browser.new_page(viewport={"width": 1360, "height": 940})
+    context = browser.new_context(
+        viewport={"width": 1360, "height": 940}, permissions=["clipboard-read", "clipboard-write"]
+    )
+    page = context.new_page()
     try:
         page.set_default_timeout(TIMEOUT_MS)
         page.goto(url)
@@ -282,5 +284,9 @@ def test_real_demo_replies_render_faithfully(browser, demo_app) -> None:
         assert bubble.locator("em, i").count() == 0, bubble.inner_html()
         assert " ".join(bubble.inner_text().split()) == " ".join(arithmetic.split())
         page.screenshot(path=ARTIFACTS / "demo-arithmetic.png", full_page=True)
+        # "Copy message" copies what the bubble shows, not the escaped Markdown behind it.
+        page.locator('#chatbot button[aria-label="Copy message"]').last.click()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert "\\" not in copied and copied.split() == arithmetic.split(), copied
     finally:
-        page.close()
+        context.close()
