@@ -9,7 +9,7 @@ group; Stop and Clear run outside it so they reach a generation that is still st
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import gradio as gr
 
 from app.models_tab import TreeControls, tree_config
 from app.render import LiveStats, error_markdown, error_text, message_text
+from app.reply_format import reply_markdown
 from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Baseline, Session
 from app.stats_panel import (
     MIN_REFRESH_S,
@@ -35,7 +36,10 @@ logger = logging.getLogger(__name__)
 
 _SAMPLING = SamplingConfig()
 ERROR_TITLE = "⚠ Error"  # metadata title of error notes, which are never sent to the model
-BASELINE_HELP = "Vanilla baseline: not measured yet for this model."
+BASELINE_HELP = (
+    "Vanilla baseline: until it is measured here or by a race in *EAGLE vs vanilla*, the "
+    "speedup above is an estimate."
+)
 
 ChatMessage = dict[str, Any]
 
@@ -62,13 +66,19 @@ def generation_config(
         raise gr.Error(f"{err.message} ({err.hint})" if err.hint else err.message) from err
 
 
-def backend_messages(history: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    """Chatbot history -> plain {role, content} messages; error notes are left out."""
+def backend_messages(
+    history: Sequence[ChatMessage], originals: Mapping[str, str] | None = None
+) -> list[dict[str, str]]:
+    """Chatbot history -> plain {role, content} messages; error notes are left out, and a
+    reply shown as Markdown goes back to the model as the text it wrote (``originals``)."""
     messages = []
     for message in history:
         if (message.get("metadata") or {}).get("title") == ERROR_TITLE:
             continue
-        messages.append({"role": message["role"], "content": message_text(message["content"])})
+        content = message_text(message["content"])
+        if message["role"] == "assistant" and originals:
+            content = originals.get(content, content)
+        messages.append({"role": message["role"], "content": content})
     return messages
 
 
@@ -149,12 +159,13 @@ class ChatController:
         stats = LiveStats(waiting=status.busy)
         yield [*history], "", *panel_values(stats, baseline, config.mode)
         events = self.backend.stream(
-            backend_messages(history),
+            backend_messages(history, session.replies),
             config,
             system_prompt=(system_prompt or "").strip() or None,
             cancel=run.cancel,
         )
         pacer, plot_pacer = Pacer(self.min_refresh_s), Pacer(self.plot_refresh_s)
+        estimate: float | None = None
         for event in events:
             if run.discarded:  # cleared: leave the empty chat alone and free the model now
                 events.close()
@@ -164,7 +175,10 @@ class ChatController:
                 continue
             shown = [*history]
             if stats.text or not stats.error:
-                shown.append({"role": "assistant", "content": stats.text})
+                reply = reply_markdown(stats.text)
+                shown.append({"role": "assistant", "content": reply})
+                if stats.done:
+                    session.remember_reply(reply, stats.text)
             if isinstance(event, GenerationFailed):
                 gr.Warning(error_text(event))
                 shown.append(
@@ -175,7 +189,10 @@ class ChatController:
                     }
                 )
             with_plot = plot_pacer.due(final=stats.done)
-            yield shown, gr.skip(), *panel_values(stats, baseline, config.mode, with_plot)
+            # Calibration happens in the first EAGLE reply: ask again until it is known.
+            estimate = estimate or (None if baseline else self.backend.estimated_vanilla_speed())
+            panel = panel_values(stats, baseline, config.mode, with_plot, estimate)
+            yield shown, gr.skip(), *panel
 
     def stop(self, session: Session) -> None:
         if session.stop("chat"):

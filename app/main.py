@@ -35,6 +35,10 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEMO_PAIR = "demo"
 DEFAULT_PORT = 7860
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+OFFLINE_NOTICE = (
+    "**Hub offline mode**: {}. Local folders and models already downloaded load as usual; "
+    "downloads are off until the app is restarted with a connection (and without `--offline`)."
+)
 DEMO_MISSING = (
     "**The bundled demo pair is not built yet** (`assets/demo/target`, "
     "`assets/demo/head-eagle3`). Build it offline with `python launch.py make-demo` (trains the "
@@ -123,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: the catalog's, else auto",
     )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="never contact the Hub (local folders and cached models only); without it the "
+        "app goes offline by itself when the Hub cannot be reached",
+    )
 
 
 def parse_auth(value: str | None) -> tuple[str, str] | None:
@@ -164,7 +174,7 @@ def startup_pair(
     config = LoadConfig(
         target=demo.target,
         head=demo.head,
-        dtype=args.dtype or demo.dtype,
+        dtype=args.dtype or backend.default_dtype(demo.dtype),
         quantization=args.quantize,
     )
     if not (Path(demo.target).is_dir() and Path(demo.head).is_dir()):
@@ -187,13 +197,24 @@ def load_at_start(backend: Backend, config: LoadConfig) -> str:
     return ""
 
 
-def run(args: argparse.Namespace) -> int:
-    auth = parse_auth(args.auth)
-    check_exposure(args.host, args.share, auth)  # before any slow loading
+def prepare(args: argparse.Namespace) -> tuple[Backend, LoadConfig | None, str | None, str]:
+    """Everything before serving: online or offline, the backend, the pair loaded at start.
+    Returns (backend, config, catalog name, notice for the model manager)."""
     backend = Backend()
+    offline = backend.choose_hub_mode(asked_offline=getattr(args, "offline", False))
     config, selected, notice = startup_pair(backend, args)
     if config is not None and not notice:
         notice = load_at_start(backend, config)
+    if offline:
+        logger.warning("Hub offline mode for this run: %s", offline)
+        notice = "\n\n".join(part for part in (notice, OFFLINE_NOTICE.format(offline)) if part)
+    return backend, config, selected, notice
+
+
+def run(args: argparse.Namespace) -> int:
+    auth = parse_auth(args.auth)
+    check_exposure(args.host, args.share, auth)  # before any slow loading
+    backend, config, selected, notice = prepare(args)
     demo = build_app(backend, initial=config, selected=selected, notice=notice)
     demo.queue(default_concurrency_limit=1)
     demo.launch(

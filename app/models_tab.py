@@ -184,7 +184,7 @@ class ModelsController:
         return (
             pair.target,
             pair.head,
-            pair.dtype,
+            self.backend.default_dtype(pair.dtype),  # the catalog's bf16 is for GPUs, not CPUs
             tree.total_tokens,
             tree.depth,
             tree.top_k,

@@ -17,6 +17,7 @@ import gradio as gr
 from app.chat_tab import generation_config
 from app.models_tab import TreeControls
 from app.render import (
+    EMPTY_RACE_PLOT,
     LANE_COLORS,
     SPAN_COLORS,
     LiveStats,
@@ -25,10 +26,11 @@ from app.render import (
     highlight_spans,
     lane_markdown,
     race_frame,
+    race_has_data,
     race_verdict_markdown,
 )
-from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Session
-from app.stats_panel import MIN_REFRESH_S, PLOT_REFRESH_S, Pacer
+from app.session import MODEL_CONCURRENCY, MODEL_GROUP, Baseline, Session
+from app.stats_panel import MIN_REFRESH_S, PLOT_REFRESH_S, Pacer, plot_values
 from backend.api import Backend
 from backend.config import DEFAULT_MAX_NEW_TOKENS
 from backend.events import GenerationFailed, RaceFinished, RaceUpdate
@@ -40,16 +42,22 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 def race_values(
     vanilla: LiveStats, eagle: LiveStats, verdict: str, with_plot: bool = True
-) -> tuple[Any, Any, Any, Any, str, Any]:
+) -> tuple[Any, ...]:
     """Outputs in order: vanilla text, vanilla numbers, EAGLE text, EAGLE numbers, verdict,
-    tokens-over-time plot (left as it is when ``with_plot`` is False)."""
+    tokens-over-time plot and its empty-state line (both left as they are when ``with_plot``
+    is False)."""
+    plot = (
+        plot_values(race_frame(vanilla, eagle), race_has_data(vanilla, eagle))
+        if with_plot
+        else (gr.skip(),) * 2
+    )
     return (
         highlight_spans(vanilla.spans),
         lane_markdown(vanilla, "vanilla"),
         highlight_spans(eagle.spans),
         lane_markdown(eagle, "EAGLE"),
         verdict,
-        race_frame(vanilla, eagle) if with_plot else gr.skip(),
+        *plot,
     )
 
 
@@ -101,7 +109,10 @@ class RaceController:
                 lanes[event.lane].update(event.event)
                 verdict = "Racing…" if verdict.startswith("Waiting") else verdict
             elif isinstance(event, RaceFinished):
-                verdict = race_verdict_markdown(event, float(temperature))
+                info = self.backend.status().loaded
+                dtype = info.dtype if info is not None else "float32"
+                verdict = race_verdict_markdown(event, float(temperature), dtype)
+                self._remember_baseline(lanes["vanilla"], session)
             elif isinstance(event, GenerationFailed):
                 gr.Warning(error_text(event))
                 verdict = error_markdown(event)
@@ -111,6 +122,13 @@ class RaceController:
 
     def stop(self, session: Session) -> None:
         session.stop("race")
+
+    def _remember_baseline(self, vanilla: LiveStats, session: Session) -> None:
+        """The race measured vanilla decoding: the chat panel's speedup uses it from now on
+        instead of the calibration's estimate."""
+        info, speed = self.backend.status().loaded, vanilla.decode_tokens_per_s
+        if info is not None and speed:
+            session.baseline = Baseline(info=info, tokens_per_s=speed)
 
 
 @dataclass
@@ -128,6 +146,7 @@ class RaceTab:
     eagle_stats: gr.Markdown
     verdict: gr.Markdown
     plot: gr.LinePlot
+    plot_empty: gr.Markdown
 
     @property
     def outputs(self) -> list[Any]:
@@ -138,6 +157,7 @@ class RaceTab:
             self.eagle_stats,
             self.verdict,
             self.plot,
+            self.plot_empty,
         ]
 
 
@@ -188,6 +208,7 @@ def build_race_tab() -> RaceTab:
             )
     with gr.Row(equal_height=False):
         verdict = gr.Markdown(label="Verdict", elem_id="race-verdict")
+        plot_empty = gr.Markdown(EMPTY_RACE_PLOT, elem_id="race-plot-empty")
         plot = gr.LinePlot(
             race_frame(LiveStats(), LiveStats()),
             x="seconds",
@@ -197,6 +218,7 @@ def build_race_tab() -> RaceTab:
             title="Tokens generated over each lane's compute time",
             height=240,
             elem_id="race-plot",
+            visible=False,
         )
     return RaceTab(
         prompt=prompt,
@@ -212,6 +234,7 @@ def build_race_tab() -> RaceTab:
         eagle_stats=eagle_stats,
         verdict=verdict,
         plot=plot,
+        plot_empty=plot_empty,
     )
 
 

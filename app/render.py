@@ -46,6 +46,14 @@ STOP_REASONS = {
 
 Highlight = tuple[str, str]
 
+# Shown instead of a plot that has nothing to draw yet.
+EMPTY_ACCEPTANCE_PLOT = (
+    "*No rounds yet: acceptance length per round is plotted here as a reply streams.*"
+)
+EMPTY_RACE_PLOT = (
+    "*No race yet: tokens over time for both lanes are plotted here once a race runs.*"
+)
+
 
 def highlight_spans(spans: Iterable[TextSpan]) -> list[Highlight]:
     """(text, label) pairs for gr.HighlightedText, adjacent pieces of one source merged."""
@@ -156,9 +164,22 @@ def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "–"
 
 
-def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: str = "eagle") -> str:
-    """The live numbers as a two-column Markdown table, plus the speedup over a measured
-    vanilla baseline when one is known."""
+ESTIMATE_NOTE = (
+    "*≈ Estimate: vanilla speed predicted from one plain step timed when the pair was "
+    "calibrated, not measured. Press **Measure vanilla baseline** or run a race in "
+    "**EAGLE vs vanilla** to measure it.*"
+)
+
+
+def stats_markdown(
+    stats: LiveStats,
+    baseline_tps: float | None = None,
+    mode: str = "eagle",
+    estimated_tps: float | None = None,
+) -> str:
+    """The live numbers as a two-column Markdown table, plus the speedup over vanilla: measured
+    when a baseline was measured, else marked as an estimate from the calibration's
+    ``estimated_tps``."""
     last = stats.accept_lengths[-1] if stats.accept_lengths else None
     ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
     rows = [
@@ -170,15 +191,21 @@ def stats_markdown(stats: LiveStats, baseline_tps: float | None = None, mode: st
         ("new tokens / rounds", f"{stats.new_tokens} / {stats.rounds}"),
         ("reply written by accepted drafts", _share(stats.accepted_drafts, stats.new_tokens)),
     ]
+    decode = stats.decode_tokens_per_s
+    note = ""
     if baseline_tps:
-        decode = stats.decode_tokens_per_s
         speedup = decode / baseline_tps if decode else None
         rows.append(("vanilla baseline (measured)", f"{baseline_tps:.1f} tokens/s"))
         if mode == "eagle":
             rows.append(("decode speedup over baseline", _num(speedup, 2, "×")))
+    elif estimated_tps and mode == "eagle":
+        speedup = decode / estimated_tps if decode else None
+        rows.append(("vanilla speed (estimate, not measured)", f"≈ {estimated_tps:.1f} tokens/s"))
+        rows.append(("decode speedup (estimate)", f"≈ {_num(speedup, 2, '×')}"))
+        note = ESTIMATE_NOTE
     lines = ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
-    status = _status_line(stats)
-    return "\n".join(lines) + (f"\n\n{status}" if status else "")
+    extra = [text for text in (note, _status_line(stats)) if text]
+    return "\n\n".join(["\n".join(lines), *extra])
 
 
 def _status_line(stats: LiveStats) -> str:
@@ -206,6 +233,11 @@ def acceptance_frame(stats: LiveStats) -> pd.DataFrame:
     )
     # Explicit dtypes: Gradio picks the axis type from the first (empty) value it sees.
     return frame.astype({"round": "int64", "acceptance length": "int64"})
+
+
+def race_has_data(vanilla: LiveStats, eagle: LiveStats) -> bool:
+    """Whether either lane has produced a token, i.e. the race plot has a line to draw."""
+    return bool(vanilla.progress or eagle.progress)
 
 
 def race_frame(vanilla: LiveStats, eagle: LiveStats) -> pd.DataFrame:
@@ -242,8 +274,19 @@ def _excerpt(text: str, at: int, before: int = 30, after: int = 20) -> str:
     return ("…" if start else "") + piece.replace("\n", "⏎").replace("`", "'")
 
 
-def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str:
-    """Final speedup and the identity verdict; where texts differ, where and how."""
+ROUNDING_NOTE = (
+    "In {dtype} this is expected, not a bug: verifying several tokens in one forward adds "
+    "numbers in a different order than decoding one token at a time, the rounding differs, "
+    "and where two candidate tokens are almost tied greedy decoding can pick the other one. "
+    "Token-for-token identity is a float32 guarantee: load the pair in float32 to check it."
+)
+
+
+def race_verdict_markdown(
+    result: RaceFinished, temperature: float = 0.0, dtype: str = "float32"
+) -> str:
+    """Final speedup and the identity verdict; where texts differ, where and how (and why,
+    when sampling or half-precision rounding explains it)."""
     stopped = "cancelled" in (result.vanilla.stop_reason, result.eagle.stop_reason)
     lines = [
         f"### EAGLE speedup: {result.speedup:.2f}×" + (" (stopped early)" if stopped else ""),
@@ -267,6 +310,8 @@ def race_verdict_markdown(result: RaceFinished, temperature: float = 0.0) -> str
                 f"- vanilla: `{_excerpt(result.vanilla.text, at)}`\n"
                 f"- EAGLE: `{_excerpt(result.eagle.text, at)}`"
             )
+        if temperature == 0 and dtype != "float32":
+            lines.append(ROUNDING_NOTE.format(dtype=dtype))
         if temperature > 0:
             lines.append(
                 f"At temperature {temperature:g} both lanes sample independently, so the texts "
@@ -358,13 +403,21 @@ def pair_markdown(pair: Any) -> str:
         f"download ≈ {pair.target_gb + pair.head_gb:.2f} GB "
         f"(target {pair.target_gb:g} GB, head {pair.head_gb:g} GB)",
         f"Recommended tree: {tree.total_tokens} tokens, depth {tree.depth}, top-k {tree.top_k}; "
-        f"dtype {pair.dtype}.",
+        + _catalog_dtype_text(pair.dtype),
     ]
     if pair.gated:
         lines.append("Gated target: accept its licence on the Hub and log in with a token first.")
     if pair.note:
         lines.append(pair.note)
     return "\n\n".join(lines)
+
+
+def _catalog_dtype_text(dtype: str) -> str:
+    if dtype == "float32":
+        return "dtype float32."
+    if dtype == "auto":
+        return "dtype by device: float32 on CPUs, bfloat16 on GPUs."
+    return f"dtype {dtype} on GPUs; float32 on CPUs without {dtype} matrix units."
 
 
 def plan_markdown(plan: PairPlan) -> str:

@@ -1,4 +1,5 @@
-"""Per-browser-session state kept in one ``gr.State``: stop switches and the measured baseline.
+"""Per-browser-session state kept in one ``gr.State``: stop switches, the measured baseline and
+the original text of the replies shown (the chat shows them as escaped Markdown).
 
 Gradio deep-copies a State's initial value for every new session; :meth:`Session.__deepcopy__`
 returns a fresh object because a ``threading.Event`` cannot be copied. The object itself is
@@ -22,6 +23,7 @@ Job = Literal["chat", "race", "download", "baseline"]
 # waits. Gradio's limit only bounds the worker threads parked in that queue.
 MODEL_GROUP = "model"
 MODEL_CONCURRENCY = 8
+MAX_REMEMBERED_REPLIES = 256  # per session; a longer chat falls back to the shown text
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Run:
 class Session:
     runs: dict[str, Run] = field(default_factory=dict)
     baseline: Baseline | None = None
+    replies: dict[str, str] = field(default_factory=dict)  # shown Markdown -> model's text
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
         return Session()
@@ -65,6 +68,14 @@ class Session:
             return False
         run.cancel.set()
         return True
+
+    def remember_reply(self, shown: str, original: str) -> None:
+        """Remember what the model wrote behind a reply shown as ``shown``, so the next turn
+        sends the model its own words, not their display form."""
+        self.replies.pop(shown, None)
+        self.replies[shown] = original
+        while len(self.replies) > MAX_REMEMBERED_REPLIES:
+            del self.replies[next(iter(self.replies))]
 
     def baseline_for(self, info: PairInfo | None) -> float | None:
         if self.baseline is not None and info is not None and self.baseline.info == info:

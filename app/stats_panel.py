@@ -1,8 +1,9 @@
 """The live acceptance panel: coloured reply tokens, the numbers and a per-round plot.
 
 One component group, built by the chat tab (and reusable by any tab that streams a
-generation); :func:`panel_values` turns a :class:`~app.render.LiveStats` into its three values
-in the order of :attr:`StatsPanel.outputs`.
+generation); :func:`panel_values` turns a :class:`~app.render.LiveStats` into its four values
+in the order of :attr:`StatsPanel.outputs`. A plot without data stays hidden behind a line of
+text (an empty Vega chart draws meaningless "0.000000" axis labels).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+import pandas as pd
 
 from app.render import (
+    EMPTY_ACCEPTANCE_PLOT,
     SPAN_COLORS,
     LiveStats,
     acceptance_frame,
@@ -48,10 +51,16 @@ class StatsPanel:
     tokens: gr.HighlightedText
     numbers: gr.Markdown
     plot: gr.LinePlot
+    plot_empty: gr.Markdown  # stands in for the plot until the first round
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.tokens, self.numbers, self.plot]
+        return [self.tokens, self.numbers, self.plot, self.plot_empty]
+
+
+def plot_values(frame: pd.DataFrame, has_data: bool) -> tuple[Any, Any]:
+    """(plot, empty-state line) updates: the plot shows only once it has data to draw."""
+    return gr.update(value=frame, visible=has_data), gr.update(visible=not has_data)
 
 
 def build_stats_panel() -> StatsPanel:
@@ -75,8 +84,10 @@ def build_stats_panel() -> StatsPanel:
         height=220,
         label="Acceptance plot",
         elem_id="accept-plot",
+        visible=False,
     )
-    return StatsPanel(tokens=tokens, numbers=numbers, plot=plot)
+    plot_empty = gr.Markdown(EMPTY_ACCEPTANCE_PLOT, elem_id="accept-plot-empty")
+    return StatsPanel(tokens=tokens, numbers=numbers, plot=plot, plot_empty=plot_empty)
 
 
 def panel_values(
@@ -84,10 +95,14 @@ def panel_values(
     baseline_tps: float | None = None,
     mode: str = "eagle",
     with_plot: bool = True,
-) -> tuple[list[tuple[str, str]], str, Any]:
-    """Values for :attr:`StatsPanel.outputs`; ``with_plot=False`` leaves the plot as it is."""
+    estimated_tps: float | None = None,
+) -> tuple[list[tuple[str, str]], str, Any, Any]:
+    """Values for :attr:`StatsPanel.outputs`; ``with_plot=False`` leaves the plot as it is.
+    ``estimated_tps`` (vanilla speed from calibration) is shown only while no baseline was
+    measured, and marked as an estimate."""
+    plot = plot_values(acceptance_frame(stats), stats.rounds > 0) if with_plot else (gr.skip(),) * 2
     return (
         highlight_spans(stats.spans),
-        stats_markdown(stats, baseline_tps=baseline_tps, mode=mode),
-        acceptance_frame(stats) if with_plot else gr.skip(),
+        stats_markdown(stats, baseline_tps, mode, estimated_tps),
+        *plot,
     )

@@ -45,11 +45,12 @@ from backend.events import (
     RoundCompleted,
     Started,
 )
-from backend.services import planning
+from backend.services import hub_mode, planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
+from backend.services.dtypes import choose_dtype
 from backend.services.hub_progress import format_bytes
-from backend.services.loading import LoadedPair, drain, load_steps, prepare
+from backend.services.loading import LoadedPair, default_device, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.sessions import GenerationQueue
 
@@ -236,6 +237,26 @@ class Backend:
                 tokens = sum(len(r.token_ids) for r in rounds)
                 self._vanilla_speed = tokens / seconds if seconds > 0 else None
         return self._vanilla_speed
+
+    def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
+        """Offline for this run when asked or when the Hub cannot be reached (a short bounded
+        probe); returns why it is offline, or None when downloads are possible."""
+        return hub_mode.choose_hub_mode(asked_offline)
+
+    def default_dtype(self, preferred: str = "auto") -> str:
+        """The dtype "auto" picks on this machine for a pair whose catalog prefers
+        ``preferred`` (e.g. float32 instead of the catalog's bfloat16 on a CPU)."""
+        return choose_dtype("auto", default_device(), preferred)
+
+    def estimated_vanilla_speed(self) -> float | None:
+        """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed
+        one-token forward), without running anything: an estimate, not a measurement. None
+        before the pair was calibrated (its first EAGLE reply with an automatic tree)."""
+        pair = self.pair
+        if pair is None or pair.costs is None:
+            return None
+        step_s = pair.costs.verify(1)
+        return 1.0 / step_s if step_s > 0 else None
 
     # ---- internals ---------------------------------------------------------------------------
     def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:

@@ -21,7 +21,8 @@ from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import ConfigError
 from backend.services.catalog import find_pair
-from backend.services.loading import load_pair
+from backend.services.dtypes import choose_dtype
+from backend.services.loading import default_device, load_pair
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +75,7 @@ def _run(args: argparse.Namespace, target: str, head: str, pair_dtype: str = "au
         else TreeConfig(auto=True)
     )
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
-    dtype = pair_dtype if args.dtype == "auto" else args.dtype
+    dtype = choose_dtype(args.dtype, default_device(), preferred=pair_dtype)
     pair = load_pair(LoadConfig(target=target, head=head, dtype=dtype))
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
 

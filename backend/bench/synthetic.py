@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from backend.services.dtypes import resolve_dtype
 from backend.services.loading import default_device
 from models.checkpoints import save_head
 from models.heads.config import HeadKind, head_config_for_target
@@ -55,7 +56,7 @@ def write_synthetic_pair(shape: str, folder: Path, seed: int = 0) -> tuple[Path,
 
     config = synthetic_config(shape)
     device = default_device()
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = resolve_dtype("auto", device)
     torch.manual_seed(seed)
     with device:  # initialise where it will run: an 8B model is built in seconds on a GPU
         model = LlamaForCausalLM(config).to(dtype).eval()

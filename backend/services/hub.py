@@ -46,6 +46,7 @@ from backend.errors import (
     NetworkError,
     RepoNotFoundError,
 )
+from backend.services.hub_mode import offline_env
 from backend.services.hub_progress import (
     DownloadMeter,
     ProgressCallback,
@@ -69,7 +70,10 @@ SAFETENSORS_WEIGHTS = (
     "model-*-of-*.safetensors",
 )
 BIN_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin")
-_OFFLINE_HINT = "unset HF_HUB_OFFLINE to download, or pass a local folder instead of a repo id"
+_OFFLINE_HINT = (
+    "to download, restart without --offline or HF_HUB_OFFLINE=1, with the Hub reachable; "
+    "or pass a local folder instead of a repo id"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,11 +342,10 @@ def _settings() -> _Settings:
         cache_dir = os.path.join(env["HF_HOME"], "hub")
     else:
         cache_dir = constants.HF_HUB_CACHE
-    offline_env = env.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
     return _Settings(
         endpoint=env.get("HF_ENDPOINT", "").rstrip("/") or None,
         cache_dir=str(Path(cache_dir).expanduser().resolve()),
-        offline=offline_env or constants.is_offline_mode(),
+        offline=offline_env() or constants.is_offline_mode(),
         timeout_s=float(env.get("HF_HUB_ETAG_TIMEOUT") or constants.DEFAULT_ETAG_TIMEOUT),
     )
 

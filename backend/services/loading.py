@@ -3,9 +3,9 @@ read, dtype and device choice, optional bitsandbytes quantization of the target,
 head binding and a warm-up forward. (The memory estimate shown before loading is in
 ``planning.py``.)
 
-Defaults: float32 on CPU (bf16 matmuls are slow on CPUs without bf16 hardware, and exact greedy
-identity is a float32 property), bfloat16 on CUDA. Placement goes through accelerate's
-``device_map`` when one is given, so a model larger than one GPU spreads over several.
+The dtype comes from ``dtypes.py`` (float32 on CPUs, bfloat16 on CUDA). Placement goes
+through accelerate's ``device_map`` when one is given, so a model larger than one GPU spreads
+over several.
 
 Loading is a generator of ``Progress`` events that returns the ``LoadedPair``
 (``pair = yield from load_steps(prepared)``), so callers stream progress without threads.
@@ -28,6 +28,7 @@ from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
+from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
@@ -86,12 +87,6 @@ class PreparedLoad:
 def default_device() -> torch.device:
     """The one place a default device is chosen: the first GPU if any, else the CPU."""
     return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:

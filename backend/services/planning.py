@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import struct
 import threading
@@ -26,8 +25,10 @@ from backend.config import LoadConfig
 from backend.errors import HubError, ResourceError
 from backend.events import PairPlan, Progress, RepoSize
 from backend.services import hub
+from backend.services.dtypes import resolve_dtype
+from backend.services.hub_mode import offline_env
 from backend.services.hub_progress import ProgressCallback, format_bytes
-from backend.services.loading import default_device, resolve_dtype
+from backend.services.loading import default_device
 from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
 
@@ -221,7 +222,7 @@ def _has_weights(folder: Path, gguf_file: str | None = None) -> bool:
 
 
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return offline_env()
 
 
 # ---- memory estimate, before anything is loaded ----------------------------------------------

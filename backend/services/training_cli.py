@@ -29,6 +29,7 @@ from backend.engine.loop import generate
 from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished
+from backend.services.dtypes import DTYPES, resolve_dtype
 from backend.services.target_source import TargetSource, local_source
 from models.features import decoder_of
 from models.heads.base import DraftHead
@@ -51,7 +52,6 @@ logger = logging.getLogger(__name__)
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-prompts", type=int, default=8,
                         help="held-out prompts for the tau evaluation (0 = none)")  # fmt: skip
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="target dtype (auto: bfloat16 on CUDA, float32 otherwise)")  # fmt: skip
     parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
     parser.add_argument("--seed", type=int, default=0)
@@ -198,10 +198,7 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
     if not Path(path).is_dir():
         raise ConfigError(f"target {path} is not a local directory",
                           hint="download it first: python launch.py download <repo>")  # fmt: skip
-    if dtype == "auto":
-        torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        torch_dtype = _DTYPES[dtype]
+    torch_dtype = resolve_dtype(dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **source.pretrained_kwargs())
         model = AutoModelForCausalLM.from_pretrained(

@@ -116,6 +116,7 @@ class FakeBackend:
     delay_s: float = 0.0  # pause between rounds, to test Stop
     script: Script = SCRIPT  # the reply every stream produces
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    calibrated_speed: float | None = None  # plain-step speed known from calibration
 
     def catalog(self) -> list[PairSpec]:
         return [
@@ -195,6 +196,15 @@ class FakeBackend:
 
     def vanilla_speed(self) -> float | None:
         return 50.0 if self.loaded else None
+
+    def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
+        return "offline mode was asked for (--offline)" if asked_offline else None
+
+    def default_dtype(self, preferred: str = "auto") -> str:
+        return "float32"  # what a CPU without bf16 matrix units gets
+
+    def estimated_vanilla_speed(self) -> float | None:
+        return self.calibrated_speed if self.loaded else None
 
     def stream(
         self,

@@ -39,7 +39,7 @@ def reply_text(message: dict) -> str:
 def test_chat_streams_partial_updates_and_fills_the_panel(client: Client) -> None:
     job = client.submit("hello world", [], api_name="/chat", max_new_tokens=120)
     partials = [output for output in job]
-    history, box, tokens, stats, plot = job.result()
+    history, box, tokens, stats, plot, _ = job.result()
     assert len(partials) > 2, "the reply should arrive in several updates"
     lengths = [len(reply_text(p[0][-1])) for p in partials if p[0][-1]["role"] == "assistant"]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
@@ -60,7 +60,7 @@ def test_stop_cancels_the_running_reply(client: Client) -> None:
     while len(job.outputs()) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     client.predict(api_name="/stop")
-    history, _, _, stats, _ = job.result(timeout=60)
+    history, _, _, stats, *_ = job.result(timeout=60)
     assert "Finished (stopped)" in stats
     produced = int(re.search(r"new tokens / rounds \| (\d+)", stats).group(1))
     assert 0 < produced < 450
@@ -76,7 +76,7 @@ def test_model_is_free_after_the_client_tests(live_app: LiveApp) -> None:
 def test_race_reports_both_speeds_and_identity(client: Client) -> None:
     job = client.submit("Tell me a story", api_name="/race", max_new_tokens=80)
     partials = [output for output in job]
-    vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, _ = job.result()
+    vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, *_ = job.result()
     assert len(partials) > 2
     assert tokens_per_s(vanilla_md, "vanilla:") > 0 and tokens_per_s(eagle_md, "EAGLE:") > 0
     assert re.search(r"EAGLE speedup: [\d.]+×", verdict)

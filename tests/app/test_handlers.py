@@ -13,7 +13,7 @@ from app.chat_tab import ERROR_TITLE, ChatController, backend_messages
 from app.main import DEMO_MISSING, check_exposure, parse_auth, startup_pair
 from app.models_tab import CUSTOM, ModelsController, tree_config
 from app.race_tab import RaceController
-from app.render import DRAFT_LABEL
+from app.render import DRAFT_LABEL, ESTIMATE_NOTE
 from app.session import Session
 from backend.config import TreeConfig
 from backend.errors import ConfigError
@@ -39,10 +39,12 @@ def test_chat_streams_reply_and_panel() -> None:
     backend = FakeBackend()
     updates = list(chat_controller(backend).chat("  Hi!  ", [], *SETTINGS, Session()))
     assert len(updates) == 1 + 4 + 1  # user message, four rounds, finished
-    history, box, tokens, numbers, plot = updates[0]
+    history, box, tokens, numbers, plot, plot_empty = updates[0]
     assert history == [{"role": "user", "content": "Hi!"}] and box == ""
+    # Before the first round the plot is hidden behind its empty-state line.
+    assert plot["visible"] is False and plot_empty["visible"] is True
     partial = updates[2][0][-1]["content"]
-    final_history, _, tokens, numbers, plot = updates[-1]
+    final_history, _, tokens, numbers, plot, plot_empty = updates[-1]
     assert partial == "Hello there, friend"
     assert final_history[-1] == {
         "role": "assistant",
@@ -50,7 +52,8 @@ def test_chat_streams_reply_and_panel() -> None:
     }
     assert (" there,", DRAFT_LABEL) in tokens
     assert "| last acceptance length | 4 |" in numbers and "Finished (end of reply)" in numbers
-    assert plot["acceptance length"].tolist() == [3, 1, 4]
+    assert plot["value"]["acceptance length"].tolist() == [3, 1, 4]
+    assert plot["visible"] is True and plot_empty["visible"] is False
     messages, config, system = backend.calls[-1][1]
     assert messages == [{"role": "user", "content": "Hi!"}] and system is None
     assert config.mode == "eagle" and config.max_new_tokens == 64 and config.tree.auto
@@ -89,9 +92,9 @@ def test_chat_rejects_empty_message_and_bad_settings() -> None:
 def test_generation_error_is_shown_not_swallowed() -> None:
     failed = GenerationFailed("r", "no_model", "no model is loaded", "load a target first")
     backend = FakeBackend(fail_with=failed)
-    history, _, _, numbers, _ = list(chat_controller(backend).chat("hi", [], *SETTINGS, Session()))[
-        -1
-    ]
+    history, _, _, numbers, *_ = list(
+        chat_controller(backend).chat("hi", [], *SETTINGS, Session())
+    )[-1]
     assert history[-2] == {"role": "assistant", "content": "Hello"}  # the partial reply stays
     assert history[-1]["metadata"] == {"title": ERROR_TITLE}
     assert "no model is loaded" in history[-1]["content"]
@@ -133,8 +136,9 @@ def test_stop_reaches_a_running_generation() -> None:
 def test_clear_and_baseline() -> None:
     backend, session = FakeBackend(), Session()
     controller = chat_controller(backend)
-    history, box, tokens, numbers, plot = controller.clear(session)
-    assert history == [] and box == "" and tokens == [] and plot.empty
+    history, box, tokens, numbers, plot, plot_empty = controller.clear(session)
+    assert history == [] and box == "" and tokens == [] and plot["value"].empty
+    assert plot["visible"] is False and plot_empty["visible"] is True
     assert "50.0 tokens/s" in controller.measure_baseline(session)
     final_numbers = list(controller.chat("hi", [], *SETTINGS, session))[-1][3]
     assert "| vanilla baseline (measured) | 50.0 tokens/s |" in final_numbers
@@ -148,13 +152,16 @@ def test_race_streams_both_lanes_and_the_verdict() -> None:
     settings = ("", 0.0, 1.0, 64, True, 16, 5, 4)
     updates = list(RaceController(backend, 0.0, 0.0).race("Why?", *settings, Session()))
     assert len(updates) > 3
-    vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, plot = updates[-1]
+    *_, first_plot, first_empty = updates[0]
+    assert first_plot["visible"] is False and first_empty["visible"] is True
+    vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, plot, plot_empty = updates[-1]
     assert "".join(t for t, _ in vanilla_text) == "".join(t for t, _ in eagle_text)
     assert all(label != DRAFT_LABEL for _, label in vanilla_text)
     assert any(label == DRAFT_LABEL for _, label in eagle_text)
     assert "vanilla: 11.2 tokens/s" in vanilla_md and "EAGLE: 22.5 tokens/s" in eagle_md
     assert "EAGLE speedup: 2.00×" in verdict and "Identical output" in verdict
-    assert set(plot["lane"]) == {"vanilla", "EAGLE"}
+    assert set(plot["value"]["lane"]) == {"vanilla", "EAGLE"}
+    assert plot["visible"] is True and plot_empty["visible"] is False
     assert backend.calls[-1][1][0] == [{"role": "user", "content": "Why?"}]
     with pytest.raises(gr.Error):
         list(RaceController(backend, 0.0, 0.0).race(" ", *settings, Session()))
@@ -167,7 +174,7 @@ def test_model_manager_select_plan_download_load() -> None:
     assert (target, head, dtype, total, depth, top_k) == (
         "org/target",
         "org/head",
-        "float16",
+        "float32",  # the catalog's float16 is for GPUs; the fake backend is a plain CPU
         60,
         6,
         10,
@@ -313,3 +320,20 @@ def test_run_launches_on_loopback_with_assets(monkeypatch) -> None:
     monkeypatch.setattr(main, "Backend", lambda: pytest.fail("must refuse before loading"))
     with pytest.raises(ConfigError):
         main.run(argparse.Namespace(**{**vars(args), "host": "0.0.0.0"}))
+
+
+def test_speedup_is_an_estimate_until_measured() -> None:
+    backend, session = FakeBackend(calibrated_speed=20.0), Session()
+    controller = chat_controller(backend)
+    numbers = list(controller.chat("hi", [], *SETTINGS, session))[-1][3]
+    assert "| vanilla speed (estimate, not measured) | ≈ 20.0 tokens/s |" in numbers
+    assert "decode speedup (estimate) | ≈ " in numbers and ESTIMATE_NOTE in numbers
+    assert "(measured)" not in numbers
+    # A race measures vanilla decoding; from then on the panel shows the measured figure.
+    race = RaceController(backend, 0.0, 0.0)
+    list(race.race("Why?", "", 0.0, 1.0, 64, True, 16, 5, 4, session))
+    numbers = list(controller.chat("hi", [], *SETTINGS, session))[-1][3]
+    assert "vanilla baseline (measured)" in numbers and "estimate" not in numbers
+    # Without calibration (e.g. vanilla-only use) there is no estimate to show.
+    numbers = list(chat_controller(FakeBackend()).chat("hi", [], *SETTINGS, Session()))[-1][3]
+    assert "estimate" not in numbers and "speedup" not in numbers

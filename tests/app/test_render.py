@@ -9,6 +9,7 @@ import pytest
 
 from app.render import (
     DRAFT_LABEL,
+    ROUNDING_NOTE,
     TARGET_LABEL,
     LiveStats,
     acceptance_frame,
@@ -218,3 +219,15 @@ def test_lane_markdown_and_message_text() -> None:
     assert "τ" not in lane_markdown(fold(scripted_rounds(vanilla=True)), "vanilla")
     assert message_text("plain") == "plain"
     assert message_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "ab"
+
+
+def test_half_precision_divergence_is_explained_not_a_bug() -> None:
+    race = _race("The cat sat on the mat", "The cat sat on a hat", 4)
+    text = race_verdict_markdown(race, temperature=0.0, dtype="bfloat16")
+    assert "first differ at token #4" in text  # where, as in float32
+    assert "- vanilla: `The cat sat on ⟦the mat⟧`" in text
+    assert ROUNDING_NOTE.format(dtype="bfloat16") in text and "float32 guarantee" in text
+    # In float32 a divergence is a real bug: no excuse is offered.
+    assert "not a bug" not in race_verdict_markdown(race, temperature=0.0, dtype="float32")
+    identical = _race("same text", "same text", None)
+    assert "not a bug" not in race_verdict_markdown(identical, temperature=0.0, dtype="bfloat16")

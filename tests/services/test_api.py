@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backend.api import Backend
-from backend.config import LoadConfig, SamplingConfig
+from backend.config import LoadConfig, SamplingConfig, TreeConfig
 from backend.errors import HubError
 from backend.events import (
     Downloaded,
@@ -195,6 +195,19 @@ def test_vanilla_speed_is_measured_once_per_pair(saved_pairs: SavedPairs) -> Non
     assert backend.vanilla_speed() != speed  # measured again for the new pair
     backend.unload()
     assert backend.status().loaded is None and backend.vanilla_speed() is None
+
+
+def test_vanilla_estimate_comes_from_calibration_only(saved_pairs: SavedPairs) -> None:
+    backend = Backend()
+    list(backend.load(LoadConfig(str(saved_pairs.target), str(saved_pairs.head))))
+    assert backend.estimated_vanilla_speed() is None  # not calibrated yet: nothing to show
+    auto = dataclasses.replace(greedy(4), tree=TreeConfig(auto=True))
+    list(backend.stream(MESSAGES, auto))  # the first auto-tree reply calibrates the pair
+    costs = backend.pair.costs
+    assert costs is not None
+    assert backend.estimated_vanilla_speed() == pytest.approx(1.0 / costs.verify(1))
+    backend.unload()
+    assert backend.estimated_vanilla_speed() is None
 
 
 def test_unload_frees_the_pair(saved_pairs: SavedPairs, tmp_path: Path) -> None:

@@ -109,6 +109,10 @@ def stats_text(page) -> str:
 
 def test_reply_streams_and_panel_fills(page) -> None:
     open_tab(page, "Chat")
+    # Before the first reply the plot is an empty state, not a chart with "0.000000" axes.
+    assert page.locator("#accept-plot-empty").is_visible()
+    assert page.locator("#accept-plot canvas, #accept-plot svg").count() == 0
+    assert "0.000000" not in page.inner_text(".accept-panel")
     page.evaluate(WATCH_REPLY)
     send(page, "hello world")
     page.wait_for_function(
@@ -130,7 +134,8 @@ def test_reply_streams_and_panel_fills(page) -> None:
     assert re.search(r"avg acceptance length \(τ\)\s+[\d.]+", stats)
     assert re.search(r"last acceptance length\s+\d+", stats)
     assert re.search(r"tokens per target forward\s+[\d.]+", stats)
-    assert page.locator("#accept-plot canvas, #accept-plot svg").count() > 0
+    page.locator("#accept-plot canvas, #accept-plot svg").first.wait_for()
+    assert not page.locator("#accept-plot-empty").is_visible()
     page.screenshot(path=ARTIFACTS / "chat.png", full_page=True)
 
 
@@ -154,6 +159,8 @@ def test_stop_mid_stream(page) -> None:
 
 def test_race_shows_both_speeds_and_identity(page) -> None:
     open_tab(page, "EAGLE vs vanilla")
+    assert page.locator("#race-plot-empty").is_visible()
+    assert page.locator("#race-plot canvas, #race-plot svg").count() == 0
     page.fill("#race-prompt textarea", "Tell me a story")
     page.click("#race-run")
     page.wait_for_function(
@@ -174,6 +181,8 @@ def test_race_shows_both_speeds_and_identity(page) -> None:
         > 0
     )
     assert page.locator("#race-eagle-text .token").count() > 0
+    page.locator("#race-plot canvas, #race-plot svg").first.wait_for()
+    assert not page.locator("#race-plot-empty").is_visible()
     page.screenshot(path=ARTIFACTS / "race.png", full_page=True)
 
 
@@ -198,42 +207,86 @@ def test_model_manager_loads_with_progress(page, live_app: LiveApp) -> None:
     page.screenshot(path=ARTIFACTS / "models.png", full_page=True)
 
 
-MARKDOWN_REPLY = (
-    ((("Here is **bold** text and code:\n\n", "target"),), 0),
-    (
-        (("```python\n", "draft"), ("def add(a, b):\n", "draft"), ("    return a + b\n", "target")),
-        2,
-    ),
-    ((("```\n", "target"),), 0),
+DEMO = ROOT / "assets" / "demo"
+CODE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
+ARITHMETIC_PROMPT = (
+    "Tom has 12 apples. He gives 5 to his friend and buys 8 more. How many apples does he have now?"
 )
 
 
 @pytest.fixture(scope="module")
-def markdown_app() -> Iterator[str]:
-    """The app over a scripted backend whose reply is Markdown with a code block."""
+def demo_app() -> Iterator[tuple[str, object]]:
+    """The app serving the bundled demo pair, whose real replies the bubbles must show."""
     from app.main import build_app, launch_options
+    from backend.api import Backend
+    from backend.config import LoadConfig
+    from backend.events import Loaded
     from tests.app.conftest import free_port
-    from tests.app.fakes import FakeBackend
 
-    demo = build_app(FakeBackend(script=MARKDOWN_REPLY))
+    if not (DEMO / "head-eagle3" / "config.json").is_file():
+        pytest.skip("demo pair not built (python launch.py make-demo)")
+    backend = Backend()
+    config = LoadConfig(str(DEMO / "target"), str(DEMO / "head-eagle3"), dtype="float32")
+    assert isinstance(list(backend.load(config))[-1], Loaded)
+    demo = build_app(backend, initial=config)
     demo.queue()
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
                             prevent_thread_lock=True, quiet=True, **launch_options())  # fmt: skip
-    yield url
+    yield url, backend
     demo.close()
 
 
-def test_markdown_and_code_render(browser, markdown_app: str) -> None:
-    page = browser.new_page(viewport={"width": 1360, "height": 940})
+def demo_reply(backend, prompt: str) -> str:
+    """The demo pair's greedy reply, generated here: what the bubble must show."""
+    from backend.config import DEFAULT_MAX_NEW_TOKENS, GenerationConfig
+    from backend.events import Finished
+
+    config = GenerationConfig(mode="vanilla", max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    events = list(backend.stream([{"role": "user", "content": prompt}], config))
+    assert isinstance(events[-1], Finished), events[-1]
+    return events[-1].summary.text
+
+
+def ask(page, prompt: str):
+    page.click("#chat-clear")
+    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=bot]')")
+    send(page, prompt)
+    page.wait_for_function(
+        "() => document.querySelector('#accept-stats').innerText.includes('Finished')"
+    )
+    return page.locator("#chatbot [data-testid='bot']").last
+
+
+def test_real_demo_replies_render_faithfully(browser, demo_app) -> None:
+    url, backend = demo_app
+    code, arithmetic = demo_reply(backend, CODE_PROMPT), demo_reply(backend, ARITHMETIC_PROMPT)
+    indented = [line for line in code.splitlines() if line.startswith((" ", "\t"))]
+    assert indented and "```" not in code, f"expected unfenced indented code: {code!r}"
+    assert arithmetic.count("*") >= 2, f"expected arithmetic with '*': {arithmetic!r}"
+    context = browser.new_context(
+        viewport={"width": 1360, "height": 940}, permissions=["clipboard-read", "clipboard-write"]
+    )
+    page = context.new_page()
     try:
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(markdown_app)
-        send(page, "show me code")
-        reply = page.locator("#chatbot [data-testid='bot']").last
-        reply.locator("pre code").wait_for()
-        assert "def add(a, b):" in reply.locator("pre code").inner_text()
-        assert reply.locator("strong").inner_text() == "bold"
-        assert "```" not in reply.inner_text()
-        page.screenshot(path=ARTIFACTS / "markdown.png", full_page=True)
+        page.goto(url)
+        page.wait_for_selector("#chat-input textarea")
+
+        bubble = ask(page, CODE_PROMPT)  # greedy EAGLE in the UI: the same text as vanilla
+        shown_code = bubble.locator("pre code").inner_text().splitlines()
+        for line in indented:
+            assert line in shown_code, (line, shown_code)  # indentation kept, as code
+        shown = bubble.inner_text()
+        assert all(line.strip() in shown for line in code.splitlines()), (code, shown)
+        page.screenshot(path=ARTIFACTS / "demo-code.png", full_page=True)
+
+        bubble = ask(page, ARITHMETIC_PROMPT)
+        assert bubble.locator("em, i").count() == 0, bubble.inner_html()
+        assert " ".join(bubble.inner_text().split()) == " ".join(arithmetic.split())
+        page.screenshot(path=ARTIFACTS / "demo-arithmetic.png", full_page=True)
+        # "Copy message" copies what the bubble shows, not the escaped Markdown behind it.
+        page.locator('#chatbot button[aria-label="Copy message"]').last.click()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert "\\" not in copied and copied.split() == arithmetic.split(), copied
     finally:
-        page.close()
+        context.close()
