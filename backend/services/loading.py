@@ -25,14 +25,15 @@ from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.drafter import EagleDrafter
+from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
+from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
 from models.heads.base import DraftHead
-from models.training.data import eos_token_ids, has_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class LoadedPair:
     target_path: str
     head_path: str | None
     info: PairInfo
+    stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
+    prompt_format: str = "auto"  # see backend/services/prompting.py
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
@@ -179,6 +182,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
+    prompt_format = resolve_format(tokenizer, config.prompt_format)
+    stops = stop_spec(model, tokenizer, prompt_format)
     info = PairInfo(
         target=config.target,
         head=config.head,
@@ -190,14 +195,14 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         parameters=int(model.num_parameters()),
         vocab_size=int(runner.vocab_size),
         max_context=int(runner.max_positions),
-        prompt_format="chat template" if has_chat_template(tokenizer) else "plain completion",
+        prompt_format=format_label(prompt_format),
     )
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     return LoadedPair(
         model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
-        head_path=prepared.head_path, info=info,
+        eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
+        head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
     )  # fmt: skip
 
 
