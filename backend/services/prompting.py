@@ -127,12 +127,9 @@ def template_stops(tokenizer) -> tuple[dict[int, str], tuple[str, ...]]:
         {"role": "assistant", "content": second},
         {"role": "user", "content": third},
     ]
-    try:
-        rendered = tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as err:  # templates raise their own errors (e.g. strict role orders)
-        logger.warning("chat template could not render a sample conversation: %s", err)
+    rendered = _render_sample(tokenizer, [{"role": "system", "content": "S"}, *conversation])
+    rendered = rendered or _render_sample(tokenizer, conversation)  # templates without system
+    if not rendered:
         return {}, ()
     segments = re.split("|".join(_PLACEHOLDERS), rendered)
     special = _special_tokens(tokenizer)
@@ -148,6 +145,16 @@ def template_stops(tokenizer) -> tuple[dict[int, str], tuple[str, ...]]:
         closing = (after_reply if cut is None else after_reply[:cut]).strip()
         strings = (closing,) if closing else ()
     return markers, strings
+
+
+def _render_sample(tokenizer, conversation: list[Message]) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as err:  # templates raise their own errors (e.g. strict role orders)
+        logger.info("chat template cannot render a sample conversation: %s", err)
+        return ""
 
 
 def _special_tokens(tokenizer) -> dict[int, str]:

@@ -1,0 +1,139 @@
+"""Replies stop exactly at the chat format's turn markers, stop strings and EOS ids (issue 14.3):
+nothing from the stop on is emitted, even when it spans tokens or is accepted mid-round, and the
+stream never shows part of a stop string."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from backend.config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from backend.engine.loop import generate
+from backend.engine.stopping import StopCheck, StopSpec, StopStringFilter
+from backend.events import Finished, RoundCompleted
+from backend.services.loading import load_pair
+from backend.services.prompting import prompt_ids, stop_spec, template_stops
+from tests.factories import tiny_tokenizer
+
+DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo"
+
+
+def feed_rounds(strings: tuple[str, ...], rounds: list[list[str]]) -> tuple[str, list[int | None]]:
+    stops = StopStringFilter(strings)
+    shown, kept = "", []
+    for texts in rounds:
+        released, count = stops.feed([(text, "target") for text in texts])
+        shown += "".join(text for text, _ in released)
+        assert not any(s[:1] and s[:1] in shown for s in strings), "part of a stop string shown"
+        kept.append(count)
+    return shown, kept
+
+
+def test_stop_string_spanning_tokens_and_rounds_is_never_shown() -> None:
+    shown, kept = feed_rounds(
+        ("###User:",), [["Hello", " wor"], ["ld", "\n#", "##"], ["Us", "er:", " hi"]]
+    )
+    assert shown == "Hello world\n"
+    assert kept == [None, None, 0]  # the stop began in an earlier round: none of this round's
+
+
+def test_stop_string_inside_one_round_keeps_the_tokens_before_it() -> None:
+    shown, kept = feed_rounds(("###User:",), [["A", "B", "###", "User:", "C"]])
+    assert shown == "AB"
+    assert kept == [2]
+
+
+def test_held_text_that_is_no_stop_string_is_released() -> None:
+    stops = StopStringFilter(("###User:",))
+    released, _ = stops.feed([("ab##", "draft")])
+    assert "".join(t for t, _ in released) == "ab"
+    released, count = stops.feed([("x", "target")])
+    assert released == [("##", "draft"), ("x", "target")] and count is None
+
+
+def test_turn_marker_accepted_mid_round_is_cut_with_what_follows() -> None:
+    check = StopCheck(eos_ids=frozenset({2}), budget=100, marker_ids=frozenset({7}))
+    assert check.apply([5, 6, 7, 8, 2], 0) == ([5, 6], "stop_string")
+    assert check.apply([5, 2, 7], 0) == ([5, 2], "eos")  # EOS is kept, as before
+
+
+def test_demo_template_markers_and_all_eos_ids() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "target")
+    markers, _ = template_stops(tokenizer)
+    for text in ("<|user|>", "<|assistant|>", "<|system|>"):
+        assert tokenizer.convert_tokens_to_ids(text) in markers
+
+    class Model:  # generation_config.eos_token_id may be a list
+        class generation_config:  # noqa: N801
+            eos_token_id = [2, 9]
+
+    spec = stop_spec(Model(), tokenizer, "chat_template")
+    assert spec.eos_ids == {2, 9}
+    assert (
+        2 not in spec.marker_ids and tokenizer.convert_tokens_to_ids("<|user|>") in spec.marker_ids
+    )
+
+
+def test_tiny_tokenizer_templates_give_markers_and_text_stop_strings() -> None:
+    tokenizer = tiny_tokenizer()
+    markers, strings = template_stops(tokenizer)
+    assert set(markers.values()) >= {"<|end|>", "<|user|>", "<|assistant|>"} and strings == ()
+    tokenizer.chat_template = (
+        "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}### assistant:{% endif %}"
+    )
+    assert template_stops(tokenizer) == ({}, ("### user:",))
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    return load_pair(
+        LoadConfig(target=str(DEMO / "target"), head=str(DEMO / "head-eagle3"), dtype="float32")
+    )
+
+
+def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int | None = None):
+    ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Write a Python function."}])
+    config = GenerationConfig(
+        mode=mode, max_new_tokens=40, tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
+        sampling=SamplingConfig(temperature=temperature, seed=seed),
+    )  # fmt: skip
+    events = list(generate(pair.runner, pair.drafter, ids, config, stops, pair.tokenizer))
+    rounds = [e for e in events if isinstance(e, RoundCompleted)]
+    assert isinstance(events[-1], Finished)
+    return events[-1].summary, rounds
+
+
+def test_demo_pair_stops_exactly_at_a_stop_string(demo_pair) -> None:
+    plain, _ = reply(demo_pair, StopSpec(), mode="vanilla")
+    text = plain.text
+    stop = text[len(text) // 2 : len(text) // 2 + 6]  # several tokens, mid-reply
+    assert len(demo_pair.tokenizer(stop, add_special_tokens=False)["input_ids"]) > 1
+    summary, rounds = reply(demo_pair, StopSpec(strings=(stop,)))
+    expected = text[: text.find(stop)]
+    assert summary.text == expected
+    assert "".join(span.text for r in rounds for span in r.spans) == expected
+    assert summary.stop_reason == "stop_string" and summary.stopped_by == stop
+    assert list(summary.token_ids) == list(plain.token_ids[: len(summary.token_ids)])
+    assert any(r.num_accepted_drafts > 0 for r in rounds)  # the stop arrives inside accepted drafts
+
+
+def test_demo_pair_stops_before_a_turn_marker_token(demo_pair) -> None:
+    plain, _ = reply(demo_pair, StopSpec(), mode="vanilla")
+    position = len(plain.token_ids) // 2
+    marker = plain.token_ids[position]
+    summary, _ = reply(demo_pair, StopSpec(marker_ids={marker: "M"}))
+    first = plain.token_ids.index(marker)
+    assert list(summary.token_ids) == list(plain.token_ids[:first])
+    assert summary.stop_reason == "stop_string" and summary.stopped_by == "M"
+
+
+def test_loaded_demo_pair_never_emits_an_invented_turn(demo_pair) -> None:
+    markers = demo_pair.stops.marker_ids
+    assert demo_pair.tokenizer.convert_tokens_to_ids("<|user|>") in markers
+    for seed in range(4):
+        summary, _ = reply(demo_pair, demo_pair.stops, temperature=1.0, seed=seed)
+        assert not set(summary.token_ids) & set(markers)
+        assert "<|" not in summary.text
