@@ -32,7 +32,7 @@ from backend.events import PairInfo, Progress
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
-from models.checkpoints import build_head, read_raw
+from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
 from models.heads.base import DraftHead
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
             **source.pretrained_kwargs(),
         )  # fmt: skip
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
+        if not source.is_gguf:
+            check_safetensors_folder(source.directory)
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
@@ -262,3 +264,7 @@ def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
         ) from err
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot load the target from {path}: {err}") from err
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise ConfigError(f"cannot read the weights of {path}: {err}", hint=DAMAGED_HINT) from err

@@ -30,6 +30,7 @@ from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished
 from backend.services.target_source import TargetSource, local_source
+from models.checkpoints import check_safetensors_folder
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
@@ -202,6 +203,7 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
         torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
         torch_dtype = _DTYPES[dtype]
+    check_safetensors_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **source.pretrained_kwargs())
         model = AutoModelForCausalLM.from_pretrained(
