@@ -78,9 +78,10 @@ def read_raw(directory: str | Path) -> RawCheckpoint:
     )
 
 
-def check_safetensors(path: str | Path) -> None:
-    """Read a safetensors file's header and check the file holds every byte it promises, so a
-    truncated or garbage file is one clear error naming it, before any library reads it."""
+def check_safetensors(path: str | Path) -> dict[str, Any]:
+    """Read a safetensors file's header (returned) and check the file holds every byte it
+    promises, so a truncated or garbage file is one clear error naming it, before any library
+    reads it."""
     path = Path(path)
     size = path.stat().st_size
     try:
@@ -101,6 +102,7 @@ def check_safetensors(path: str | Path) -> None:
             f"{8 + length + data_end}",
             hint=DAMAGED_HINT,
         )
+    return header
 
 
 def check_safetensors_folder(directory: str | Path) -> None:
