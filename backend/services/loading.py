@@ -33,7 +33,7 @@ from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
-from models.heads.base import DraftHead
+from models.heads.base import DraftHead, execution_device
 
 logger = logging.getLogger(__name__)
 
@@ -174,11 +174,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
     if head is not None:
-        lm_head = model.get_output_embeddings()
-        # The head stays unquantized, in the target's compute dtype, beside the lm_head it uses.
-        head = head.to(device=lm_head.weight.device, dtype=dtype)
-        head.bind_target(model.get_input_embeddings(), lm_head)
-        drafter = EagleDrafter(head, model.config.num_hidden_layers)
+        head, drafter = bind_head(model, head, dtype)
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
@@ -206,6 +202,23 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
         head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
     )  # fmt: skip
+
+
+def bind_head(model, head: DraftHead, dtype: torch.dtype) -> tuple[DraftHead, EagleDrafter]:
+    """Place the head beside the lm_head it reads (unquantized, in the target's compute dtype)
+    and borrow the target's modules. With accelerate offloading (weights on ``meta``), that is
+    the device the lm_head is run on; a head is never left on ``meta``."""
+    lm_head = model.get_output_embeddings()
+    device = execution_device(lm_head)
+    if device.type == "meta":
+        raise ConfigError(
+            "the target's lm_head is offloaded with no device to run it on, so the draft head "
+            "cannot be placed",
+            hint="load without a device_map, or with one that keeps lm_head on a CPU or GPU",
+        )
+    head = head.to(device=device, dtype=dtype)
+    head.bind_target(model.get_input_embeddings(), lm_head)
+    return head, EagleDrafter(head, model.config.num_hidden_layers)
 
 
 def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPair:
