@@ -40,7 +40,7 @@ STOP_REASONS = {
     "eos": "end of reply",
     "max_new_tokens": "max new tokens reached",
     "context_length": "context full",
-    "stop_string": "stop string",
+    "stop_string": "end of turn (turn marker)",
     "cancelled": "stopped",
 }
 

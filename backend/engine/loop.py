@@ -1,11 +1,12 @@
 """The one generation loop: EAGLE-1/2/3 speculative decoding, and plain decoding when no drafter
 is given (a one-node tree), behind the same stream of events.
 
-    for event in generate(target, drafter, prompt_ids, config, stops, tokenizer):
+    for event in generate(target, drafter, prompt_ids, config, pair.stops, tokenizer):
         ...
 
 Each round: 1 draft a tree, 2 verify it in one target forward, 3 accept a path, 4 stop
-exactly (EOS, turn markers, stop strings, budget), 5 compact the KV cache and feed the head, 6 emit the round.
+exactly (EOS, turn markers, stop strings, budget), 5 compact the KV cache and feed the head,
+6 emit the round.
 """
 
 from __future__ import annotations
