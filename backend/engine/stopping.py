@@ -155,7 +155,9 @@ class ReplyText:
 
     def add(self, tokens: list[int], num_accepted: int) -> tuple[list[int], tuple[TextSpan, ...]]:
         """This round's tokens (the first ``num_accepted`` were drafts) -> the tokens kept (all
-        but those from a completed stop string on) and the text spans to show now."""
+        but those from a completed stop string on) and the text spans to show now. The text is
+        cut exactly; a token in which the stop string begins is dropped from the ids, while its
+        text before the stop string is kept."""
         pieces = [
             (self.detok.add([token]), "draft" if index < num_accepted else "target")
             for index, token in enumerate(tokens)

@@ -107,17 +107,26 @@ def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int 
 
 
 def test_demo_pair_stops_exactly_at_a_stop_string(demo_pair) -> None:
-    plain, _ = reply(demo_pair, StopSpec(), mode="vanilla")
-    text = plain.text
-    stop = text[len(text) // 2 : len(text) // 2 + 6]  # several tokens, mid-reply
-    assert len(demo_pair.tokenizer(stop, add_special_tokens=False)["input_ids"]) > 1
+    free, free_rounds = reply(demo_pair, StopSpec())
+    tokenizer, text = demo_pair.tokenizer, free.text
+    # A stop string that starts at the 2nd token of a round of accepted drafts and spans two
+    # tokens: the round must be cut right after its first token.
+    before = 0
+    for number, r in enumerate(free_rounds):
+        ids = list(r.token_ids)
+        head = tokenizer.decode(list(free.token_ids[: before + 1]), skip_special_tokens=True)
+        stop = tokenizer.decode(ids[1:3], skip_special_tokens=True)
+        if r.num_accepted_drafts >= 2 and len(stop.strip()) > 1 and text.find(stop) == len(head):
+            break
+        before += len(ids)
+    else:
+        pytest.fail("no round of accepted drafts to cut inside")
     summary, rounds = reply(demo_pair, StopSpec(strings=(stop,)))
-    expected = text[: text.find(stop)]
-    assert summary.text == expected
-    assert "".join(span.text for r in rounds for span in r.spans) == expected
+    assert summary.text == text[: text.find(stop)]
+    assert "".join(span.text for r in rounds for span in r.spans) == summary.text
     assert summary.stop_reason == "stop_string" and summary.stopped_by == stop
-    assert list(summary.token_ids) == list(plain.token_ids[: len(summary.token_ids)])
-    assert any(r.num_accepted_drafts > 0 for r in rounds)  # the stop arrives inside accepted drafts
+    assert len(rounds) == number + 1 and rounds[-1].token_ids == free_rounds[number].token_ids[:1]
+    assert list(summary.token_ids) == list(free.token_ids[: before + 1])
 
 
 def test_demo_pair_stops_before_a_turn_marker_token(demo_pair) -> None:
