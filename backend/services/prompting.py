@@ -119,8 +119,11 @@ def stop_spec(model, tokenizer, prompt_format: str) -> StopSpec:
 
 
 def template_stops(tokenizer) -> tuple[dict[int, str], tuple[str, ...]]:
-    """What the chat template writes between turns: the special tokens there (a reply must never
-    contain them) and the plain text that closes a reply before any special token."""
+    """What the chat template writes between turns, from a rendered sample conversation.
+
+    Markers: the special token that closes a reply, and the special tokens that open a user or
+    system turn, less those of the assistant's own turn header (a model may write those inside
+    its reply). Strings: the plain text that closes a reply before any special token."""
     first, second, third = _PLACEHOLDERS
     conversation = [
         {"role": "user", "content": first},
@@ -129,22 +132,22 @@ def template_stops(tokenizer) -> tuple[dict[int, str], tuple[str, ...]]:
     ]
     rendered = _render_sample(tokenizer, [{"role": "system", "content": "S"}, *conversation])
     rendered = rendered or _render_sample(tokenizer, conversation)  # templates without system
-    if not rendered:
-        return {}, ()
     segments = re.split("|".join(_PLACEHOLDERS), rendered)
+    if len(segments) != 4:  # no template, or one that drops or repeats contents
+        return {}, ()
+    opening, assistant_header, after_reply, _ = segments
     special = _special_tokens(tokenizer)
-    markers: dict[int, str] = {}
-    for segment in segments:
-        for token in tokenizer(segment, add_special_tokens=False)["input_ids"]:
-            if token in special:
-                markers[int(token)] = special[token]
-    strings: tuple[str, ...] = ()
-    if second in rendered and third in rendered:
-        after_reply = rendered.split(second, 1)[1].split(third, 1)[0]
-        cut = min([after_reply.find(t) for t in special.values() if t in after_reply] or [None])
-        closing = (after_reply if cut is None else after_reply[:cut]).strip()
-        strings = (closing,) if closing else ()
-    return markers, strings
+
+    def specials(text: str) -> list[int]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return [int(token) for token in ids if token in special]
+
+    own = set(specials(assistant_header))
+    closing = specials(after_reply)[:1]
+    chosen = [t for t in specials(opening) + specials(after_reply) if t not in own] + closing
+    cut = min([after_reply.find(t) for t in special.values() if t in after_reply] or [None])
+    text = (after_reply if cut is None else after_reply[:cut]).strip()
+    return {token: special[token] for token in chosen}, ((text,) if text else ())
 
 
 def _render_sample(tokenizer, conversation: list[Message]) -> str:

@@ -62,8 +62,9 @@ def test_turn_marker_accepted_mid_round_is_cut_with_what_follows() -> None:
 def test_demo_template_markers_and_all_eos_ids() -> None:
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "target")
     markers, _ = template_stops(tokenizer)
-    for text in ("<|user|>", "<|assistant|>", "<|system|>"):
+    for text in ("<|user|>", "<|system|>", "<|eos|>"):
         assert tokenizer.convert_tokens_to_ids(text) in markers
+    assert tokenizer.convert_tokens_to_ids("<|assistant|>") not in markers  # its own header
 
     class Model:  # generation_config.eos_token_id may be a list
         class generation_config:  # noqa: N801
@@ -79,7 +80,13 @@ def test_demo_template_markers_and_all_eos_ids() -> None:
 def test_tiny_tokenizer_templates_give_markers_and_text_stop_strings() -> None:
     tokenizer = tiny_tokenizer()
     markers, strings = template_stops(tokenizer)
-    assert set(markers.values()) >= {"<|end|>", "<|user|>", "<|assistant|>"} and strings == ()
+    assert set(markers.values()) == {"<|end|>", "<|user|>", "<|system|>"} and strings == ()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = (  # ChatML: a reply is closed by <|im_end|>
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert set(template_stops(tokenizer)[0].values()) == {"<|im_end|>"}
     tokenizer.chat_template = (
         "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}### assistant:{% endif %}"
@@ -106,21 +113,28 @@ def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int 
     return events[-1].summary, rounds
 
 
-def test_demo_pair_stops_exactly_at_a_stop_string(demo_pair) -> None:
-    free, free_rounds = reply(demo_pair, StopSpec())
-    tokenizer, text = demo_pair.tokenizer, free.text
-    # A stop string that starts at the 2nd token of a round of accepted drafts and spans two
-    # tokens: the round must be cut right after its first token.
+def cut_inside_drafts(tokenizer, free, free_rounds) -> tuple[int, int, str]:
+    """(round number, tokens before it, stop string) for a stop string that starts at the 2nd
+    token of a round of accepted drafts and spans two tokens."""
     before = 0
     for number, r in enumerate(free_rounds):
         ids = list(r.token_ids)
         head = tokenizer.decode(list(free.token_ids[: before + 1]), skip_special_tokens=True)
         stop = tokenizer.decode(ids[1:3], skip_special_tokens=True)
-        if r.num_accepted_drafts >= 2 and len(stop.strip()) > 1 and text.find(stop) == len(head):
-            break
+        if (
+            r.num_accepted_drafts >= 2
+            and len(stop.strip()) > 1
+            and free.text.find(stop) == len(head)
+        ):
+            return number, before, stop
         before += len(ids)
-    else:
-        pytest.fail("no round of accepted drafts to cut inside")
+    pytest.fail("no round of accepted drafts to cut inside")
+
+
+def test_demo_pair_stops_exactly_at_a_stop_string(demo_pair) -> None:
+    free, free_rounds = reply(demo_pair, StopSpec())
+    text = free.text
+    number, before, stop = cut_inside_drafts(demo_pair.tokenizer, free, free_rounds)
     summary, rounds = reply(demo_pair, StopSpec(strings=(stop,)))
     assert summary.text == text[: text.find(stop)]
     assert "".join(span.text for r in rounds for span in r.spans) == summary.text
