@@ -40,7 +40,7 @@ STOP_REASONS = {
     "eos": "end of reply",
     "max_new_tokens": "max new tokens reached",
     "context_length": "context full",
-    "stop_string": "stop string",
+    "stop_string": "end of turn (turn marker)",
     "cancelled": "stopped",
 }
 
@@ -384,11 +384,12 @@ def pair_info_markdown(info: PairInfo | None) -> str:
         return "**No model loaded.** Pick a pair in the *Models* tab and press *Load*."
     head = f"{info.head} ({info.head_kind})" if info.head else "no head (vanilla only)"
     quant = "" if info.quantization == "none" else f", {info.quantization}"
-    prompts = (
-        ""
-        if info.prompt_format == "chat template"
-        else " · **plain completion**: a base model without a chat template continues your text"
-    )
+    prompts = {
+        "chat template": "",
+        "plain completion": (
+            " · **plain completion**: a base model without a chat template continues your text"
+        ),
+    }.get(info.prompt_format, f" · prompt format **{info.prompt_format}** (no chat template)")
     return (
         f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "
         f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}{prompts}"

@@ -161,9 +161,10 @@ class Backend:
                     return
                 pair = self._require_pair()  # the model may have changed while waiting
                 _require_drafter(pair, config.mode)
-                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw)
+                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw,
+                                 prompt_format=pair.prompt_format)  # fmt: skip
                 yield from generate(
-                    pair.runner, pair.drafter, ids, config, eos_ids=pair.eos_ids,
+                    pair.runner, pair.drafter, ids, config, eos_ids=pair.stops,
                     tokenizer=pair.tokenizer, cancel=cancel, request_id=request_id,
                     policy=pair.tree_policy(not config.sampling.greedy) if config.mode == "eagle" else None,
                 )  # fmt: skip
@@ -192,14 +193,17 @@ class Backend:
                     return
                 pair = self._require_pair()
                 _require_drafter(pair, "eagle")
-                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt))
+                ids = prompt_ids(
+                    pair.tokenizer, build_messages(messages, system_prompt),
+                    prompt_format=pair.prompt_format,
+                )  # fmt: skip
                 lanes = {
                     lane: generate(
                         pair.runner,
                         pair.drafter,
                         ids,
                         dataclasses.replace(config, mode=lane),
-                        eos_ids=pair.eos_ids,
+                        eos_ids=pair.stops,
                         tokenizer=pair.tokenizer,
                         cancel=cancel,
                         request_id=f"{request_id}-{lane}",
@@ -227,7 +231,10 @@ class Backend:
                 config = GenerationConfig(
                     mode="vanilla", max_new_tokens=VANILLA_PROBE_TOKENS, stop_on_eos=False
                 )
-                ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Hello"}])
+                ids = prompt_ids(
+                    pair.tokenizer, [{"role": "user", "content": "Hello"}],
+                    prompt_format=pair.prompt_format,
+                )  # fmt: skip
                 rounds = [
                     event
                     for event in generate(pair.runner, None, ids, config)
@@ -266,6 +273,7 @@ class Backend:
         needed = planning.local_weight_bytes(config, target_path, head_path)
         yield Progress("resolve", 1, 3, "steps", f"weights need about {format_bytes(needed)}")
         planning.check_memory_fits(needed, config)
+        config = self._with_catalog_format(config)
         prepared = prepare(config, target_path, head_path, self._catalog_kind(config.head))
         yield Progress("resolve", 2, 3, "steps", "head and target fit together")
         with self._queue.turn(_new_id()):
@@ -288,12 +296,26 @@ class Backend:
         """The head kind the catalog promises for ``head``, checked against the checkpoint."""
         if head is None:
             return None
+        return next((pair.head_kind for pair in self._known_pairs() if pair.head == head), None)
+
+    def _with_catalog_format(self, config: LoadConfig) -> LoadConfig:
+        """``auto`` becomes the conversation format the catalog names for this target (the one
+        its heads were trained with, e.g. Vicuna v1.1 for targets without a chat template)."""
+        if config.prompt_format != "auto":
+            return config
+        named = next(
+            (p.prompt_format for p in self._known_pairs()
+             if p.target == config.target and p.prompt_format != "auto"),
+            None,
+        )  # fmt: skip
+        return config if named is None else dataclasses.replace(config, prompt_format=named)
+
+    def _known_pairs(self) -> list[PairSpec]:
         try:
-            pairs = self.catalog()
+            return self.catalog()
         except ConfigError as err:
-            logger.warning("catalog unreadable, head kind not cross-checked: %s", err)
-            return None
-        return next((pair.head_kind for pair in pairs if pair.head == head), None)
+            logger.warning("catalog unreadable, nothing cross-checked against it: %s", err)
+            return []
 
     def _require_pair(self) -> LoadedPair:
         if self.pair is None:

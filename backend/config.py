@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from backend.errors import ConfigError, InputError
 
@@ -16,6 +16,8 @@ Mode = Literal["eagle", "vanilla"]
 TreeShape = Literal["dynamic", "static"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "8bit", "4bit"]
+# How a chat becomes a prompt: see backend/services/prompting.py.
+PromptFormat = Literal["auto", "chat_template", "vicuna_v1.1", "plain"]
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -109,6 +111,7 @@ class LoadConfig:
     device_map: str | None = None  # accelerate device_map, e.g. "auto"; None = one device
     trust_remote_code: bool = False
     gguf_file: str | None = None  # a .gguf file inside the target folder or Hub repo
+    prompt_format: PromptFormat = "auto"  # auto = the chat template if any, else plain text
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -117,5 +120,10 @@ class LoadConfig:
             raise ConfigError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.quantization not in ("none", "8bit", "4bit"):
             raise ConfigError(f"quantization must be none|8bit|4bit, got {self.quantization!r}")
+        if self.prompt_format not in get_args(PromptFormat):
+            raise ConfigError(
+                f"prompt format must be one of {'|'.join(get_args(PromptFormat))}, "
+                f"got {self.prompt_format!r}"
+            )
         if self.gguf_file is not None and not self.gguf_file.lower().endswith(".gguf"):
             raise ConfigError(f"gguf_file must name a .gguf file, got {self.gguf_file!r}")

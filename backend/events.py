@@ -71,6 +71,7 @@ class GenerationSummary:
     text: str
     token_ids: tuple[int, ...]
     hint: str = ""  # plain-words reason when the speedup is likely low
+    stopped_by: str = ""  # the turn marker or stop string that ended the reply, if one did
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,11 @@ PICKLE_NAME = "pytorch_model.bin"
 _STRIP_PREFIXES = ("model.", "draft_model.")
 # Keys some exporters add that carry nothing the head needs.
 _IGNORED_KEYS = ("rotary_emb.inv_freq", "layers.0.self_attn.rotary_emb.inv_freq")
+_MAX_HEADER_BYTES = 100_000_000  # the format's own bound on the JSON header
+DAMAGED_HINT = (
+    "the file is incomplete or damaged (an interrupted download?): delete it and download "
+    "again (python launch.py download NAME, or Download in the Models tab)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +58,17 @@ def read_raw(directory: str | Path) -> RawCheckpoint:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}") from err
     if (directory / SAFETENSORS_NAME).is_file():
         weights_file = directory / SAFETENSORS_NAME
-        state_dict = load_file(str(weights_file))
+        check_safetensors(weights_file)
+        try:
+            state_dict = load_file(str(weights_file))
+        except Exception as err:  # safetensors raises its own error type for bad files
+            raise CheckpointError(f"cannot read {weights_file}: {err}", hint=DAMAGED_HINT) from err
     elif (directory / PICKLE_NAME).is_file():
         weights_file = directory / PICKLE_NAME
         try:
             state_dict = torch.load(weights_file, map_location="cpu", weights_only=True)
         except Exception as err:  # pickle errors come in many types; report them as one
-            raise CheckpointError(f"cannot read {weights_file}: {err}") from err
+            raise CheckpointError(f"cannot read {weights_file}: {err}", hint=DAMAGED_HINT) from err
     else:
         raise CheckpointError(
             f"no {SAFETENSORS_NAME} or {PICKLE_NAME} in head directory {directory}"
@@ -67,6 +76,39 @@ def read_raw(directory: str | Path) -> RawCheckpoint:
     return RawCheckpoint(
         config=config, state_dict=normalise_keys(state_dict), weights_file=weights_file
     )
+
+
+def check_safetensors(path: str | Path) -> dict[str, Any]:
+    """Read a safetensors file's header (returned) and check the file holds every byte it
+    promises, so a truncated or garbage file is one clear error naming it, before any library
+    reads it."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or not 0 < length <= min(size - 8, _MAX_HEADER_BYTES):
+                raise ValueError("no valid header")
+            header = json.loads(handle.read(length))
+        entries = [v for k, v in header.items() if k != "__metadata__"]
+        data_end = max((int(entry["data_offsets"][1]) for entry in entries), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({err})", hint=DAMAGED_HINT
+        ) from err
+    if 8 + length + data_end > size:
+        raise CheckpointError(
+            f"{path} is truncated: {size} bytes on disk, its header describes "
+            f"{8 + length + data_end}",
+            hint=DAMAGED_HINT,
+        )
+    return header
+
+
+def check_safetensors_folder(directory: str | Path) -> None:
+    """``check_safetensors`` for every weights file of a model folder (shards included)."""
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        check_safetensors(path)
 
 
 def normalise_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -170,9 +212,25 @@ def _check_keys(head: DraftHead, state_dict: dict[str, torch.Tensor], source: Pa
 
 
 def _check_vocab_mapping(head: DraftHead, source: Path) -> None:
+    """Every draft id must name its own target id inside the target vocabulary: two draft ids on
+    one target id would split that token's probability between them and misstate q(x)."""
     config = head.config
     target_ids = head.to_target_ids(torch.arange(config.draft_vocab_size))
-    if target_ids.min() < 0 or target_ids.max() >= config.vocab_size:
+    hint = "the d2t buffer is damaged or belongs to another head; download or export it again"
+    outside = (target_ids < 0) | (target_ids >= config.vocab_size)
+    if outside.any():
+        draft_id = int(outside.nonzero()[0])
         raise CheckpointError(
-            f"{source}: d2t maps draft ids outside the target vocabulary (0..{config.vocab_size - 1})"
+            f"{source}: d2t maps draft id {draft_id} to {int(target_ids[draft_id])}, outside the "
+            f"target vocabulary (0..{config.vocab_size - 1})",
+            hint=hint,
+        )
+    unique, counts = torch.unique(target_ids, return_counts=True)
+    if len(unique) < config.draft_vocab_size:
+        shared = int(unique[counts > 1][0])
+        draft_ids = (target_ids == shared).nonzero().flatten().tolist()[:4]
+        raise CheckpointError(
+            f"{source}: d2t maps draft ids {draft_ids} to the same target id {shared}; "
+            f"{config.draft_vocab_size - len(unique)} draft ids share a target id",
+            hint=hint,
         )

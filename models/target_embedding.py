@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from backend.errors import CheckpointError
+from models.checkpoints import check_safetensors
 
 EMBEDDING_SUFFIX = "embed_tokens.weight"
 
@@ -22,6 +23,7 @@ def read_target_embedding(target_dir: str | Path) -> torch.Tensor:
             hint="the target's input embedding is read from its safetensors files",
         )
     for path in files:
+        check_safetensors(path)
         with safe_open(str(path), framework="pt") as handle:
             names = sorted((k for k in handle.keys() if k.endswith(EMBEDDING_SUFFIX)), key=len)
             if names:  # the shortest name is the language model's own embedding

@@ -62,13 +62,19 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, str(target), str(head))
     if args.pair:
         spec = find_pair(args.pair)
-        return _run(args, spec.target, spec.head, spec.dtype)
+        return _run(args, spec.target, spec.head, spec.dtype, spec.prompt_format)
     if args.target and args.head:
         return _run(args, args.target, args.head)
     raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
 
 
-def _run(args: argparse.Namespace, target: str, head: str, pair_dtype: str = "auto") -> int:
+def _run(
+    args: argparse.Namespace,
+    target: str,
+    head: str,
+    pair_dtype: str = "auto",
+    prompt_format: str = "auto",
+) -> int:
     tree = (
         TreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
         if args.total_tokens
@@ -76,7 +82,9 @@ def _run(args: argparse.Namespace, target: str, head: str, pair_dtype: str = "au
     )
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = choose_dtype(args.dtype, default_device(), preferred=pair_dtype)
-    pair = load_pair(LoadConfig(target=target, head=head, dtype=dtype))
+    pair = load_pair(
+        LoadConfig(target=target, head=head, dtype=dtype, prompt_format=prompt_format)  # type: ignore[arg-type]
+    )
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
 
     def progress(index: int, total: int, method: str) -> None:

@@ -148,7 +148,12 @@ def run_bench(
     median time per token counts, so a burst of load on a shared machine hits no method alone."""
     costs: CostModel | None = pair.tree_costs()
     results: list[PromptResult] = []
-    encoded = [prompt_ids(pair.tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
+    encoded = [
+        prompt_ids(
+            pair.tokenizer, [{"role": "user", "content": p.text}], prompt_format=pair.prompt_format
+        )
+        for p in prompts
+    ]
     warmup = GenerationConfig(mode="vanilla", max_new_tokens=8)
     run_engine(pair, encoded[0], warmup, costs)
     if "eagle" in methods:

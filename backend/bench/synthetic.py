@@ -11,6 +11,8 @@ synthetic vocabulary.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,17 +51,21 @@ def synthetic_config(shape: str):
 
 
 @torch.no_grad()
-def write_synthetic_pair(shape: str, folder: Path, seed: int = 0) -> tuple[Path, Path]:
-    """Save a random target (bfloat16 on GPUs, float32 on CPUs) and a random EAGLE-3 head;
-    returns (target_dir, head_dir) for the normal loader."""
-    from transformers import LlamaForCausalLM
+def write_synthetic_pair(
+    shape: str, folder: Path, seed: int = 0, dtype: torch.dtype | None = None
+) -> tuple[Path, Path]:
+    """Save a random target (``dtype``; default bfloat16 on GPUs, float32 on CPUs) and a random
+    EAGLE-3 head; returns (target_dir, head_dir) for the normal loader."""
+    from transformers import AutoModelForCausalLM
 
     config = synthetic_config(shape)
     device = default_device()
-    dtype = resolve_dtype("auto", device)
+    if dtype is None:
+        dtype = resolve_dtype("auto", device)
     torch.manual_seed(seed)
-    with device:  # initialise where it will run: an 8B model is built in seconds on a GPU
-        model = LlamaForCausalLM(config).to(dtype).eval()
+    # Built where it runs and directly in its dtype: a float32 copy first would double the peak.
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     target_dir, head_dir = folder / "target", folder / "head"
     model.save_pretrained(target_dir)
     for name in TOKENIZER_FILES:
@@ -67,10 +73,21 @@ def write_synthetic_pair(shape: str, folder: Path, seed: int = 0) -> tuple[Path,
             shutil.copy(DEMO_TARGET / name, target_dir / name)
     draft_vocab = min(DRAFT_VOCAB, config.vocab_size)
     head_config = head_config_for_target(config, HeadKind.EAGLE3, draft_vocab_size=draft_vocab)
-    head = head_class(HeadKind.EAGLE3)(head_config).eval()
+    with _default_dtype(dtype):  # the head too, though it is small
+        head = head_class(HeadKind.EAGLE3)(head_config).eval()
     if head_config.has_reduced_vocab:  # the draft vocabulary is the first draft_vocab ids
         head.d2t.zero_()
         head.t2d.zero_()
         head.t2d[:draft_vocab] = True
     save_head(head, head_dir)
     return target_dir, head_dir
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

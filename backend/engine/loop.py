@@ -1,35 +1,36 @@
 """The one generation loop: EAGLE-1/2/3 speculative decoding, and plain decoding when no drafter
 is given (a one-node tree), behind the same stream of events.
 
-    for event in generate(target, drafter, prompt_ids, config, eos_ids, tokenizer):
+    for event in generate(target, drafter, prompt_ids, config, pair.stops, tokenizer):
         ...
 
 Each round: 1 draft a tree, 2 verify it in one target forward, 3 accept a path, 4 stop
-exactly (EOS / budget), 5 compact the KV cache and feed the head, 6 emit the round.
+exactly (EOS, turn markers, stop strings, budget), 5 compact the KV cache and feed the head,
+6 emit the round.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
 from backend.config import GenerationConfig
 from backend.engine import kv
 from backend.engine.autotune import CostModel, TreePolicy, measure_costs
-from backend.engine.detok import IncrementalDetokenizer
 from backend.engine.device import now
 from backend.engine.drafter import Drafter
 from backend.engine.sampling import make_generator, next_token
 from backend.engine.stats import SpecStats, explain
-from backend.engine.stopping import StopCheck
+from backend.engine.stopping import ReplyText, StopCheck, StopSpec
 from backend.engine.target import TargetRunner
 from backend.engine.tree import DraftTree
 from backend.engine.verify import Acceptance, greedy_accept, sample_accept
 from backend.errors import InputError
-from backend.events import Finished, GenerationEvent, RoundCompleted, Started, TextSpan
+from backend.events import Finished, GenerationEvent, RoundCompleted, Started, StopReason, TextSpan
 
 
 def check_prompt(prompt_ids: list[int], target: TargetRunner) -> None:
@@ -48,7 +49,7 @@ def generate(
     drafter: Drafter | None,
     prompt_ids: list[int],
     config: GenerationConfig,
-    eos_ids: Iterable[int] = (),
+    eos_ids: StopSpec | Iterable[int] = (),
     tokenizer=None,
     cancel: threading.Event | None = None,
     request_id: str | None = None,
@@ -59,20 +60,24 @@ def generate(
 
     ``costs`` (measured once per loaded pair) drives the automatic tree choice; it is measured
     here when an automatic tree is asked for and none is given. A ``policy`` kept across
-    requests (as the Backend does per loaded pair) starts from what earlier replies taught it."""
+    requests (as the Backend does per loaded pair) starts from what earlier replies taught it.
+    ``eos_ids`` is the pair's StopSpec (EOS ids, turn markers, stop strings) or bare EOS ids;
+    ``config.stop_on_eos=False`` turns all of them off."""
     check_prompt(prompt_ids, target)
     use_drafter = drafter if config.mode == "eagle" else None
     request_id = request_id or uuid.uuid4().hex[:12]
     context_left = (target.max_positions - len(prompt_ids)) if target.max_positions else None
     budget = min(config.max_new_tokens, context_left) if context_left else config.max_new_tokens
+    stops = StopSpec.of(eos_ids) if config.stop_on_eos else StopSpec()
     stop = StopCheck(
-        eos_ids=frozenset(eos_ids) if config.stop_on_eos else frozenset(),
+        eos_ids=stops.eos_ids,
         budget=budget,
         budget_reason="max_new_tokens" if budget == config.max_new_tokens else "context_length",
+        marker_ids=frozenset(stops.marker_ids),
     )
     sampling = config.sampling
     generator = make_generator(sampling.seed)
-    detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+    reply = ReplyText(tokenizer, stops.strings) if tokenizer is not None else None
     stats = SpecStats()
     device = target.device
     produced: list[int] = []
@@ -88,10 +93,10 @@ def generate(
     prompt = torch.tensor(prompt_ids, dtype=torch.long)
     step = target.prefill(prompt, cache, with_features=use_drafter is not None)
     root = next_token(step.logits[-1], sampling, generator)
-    tokens, stop_reason = stop.apply([root], 0)
+    tokens, spans, stop_reason, stopped_by = _stop_round(stop, stops, reply, [root], 0, 0)
     produced += tokens
     ttft = now(device) - start
-    yield _round_event(request_id, 0, tokens, 0, 1, detok, 0.0, ttft, 0.0, ttft)
+    yield _round_event(request_id, 0, tokens, spans, 0, 1, 0.0, ttft, 0.0, ttft)
     if use_drafter is not None and stop_reason is None:
         use_drafter.begin(prompt, root, step.features)
     if use_drafter is None or not config.tree.auto:
@@ -124,8 +129,10 @@ def generate(
             acceptance = greedy_accept(tree, step.logits)
         else:
             acceptance = sample_accept(tree, step.logits, sampling, generator)
-        # 4. stop exactly at EOS / the token budget
-        tokens, stop_reason = stop.apply(acceptance.token_ids, len(produced))
+        # 4. stop exactly at EOS, a turn marker, a stop string or the token budget
+        tokens, spans, stop_reason, stopped_by = _stop_round(
+            stop, stops, reply, acceptance.token_ids, len(produced), acceptance.num_accepted_drafts
+        )
         produced += tokens
         # 5. keep the root and accepted nodes' KV; feed their true features to the head
         if stop_reason is None:
@@ -138,14 +145,15 @@ def generate(
         stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
         # 6. emit the round
         yield _round_event(
-            request_id, round_index, tokens, accepted_shown, tree.size, detok,
+            request_id, round_index, tokens, spans, accepted_shown, tree.size,
             t1 - t0, t2 - t1, t3 - t2, t3 - start,
         )  # fmt: skip
 
     total = now(device) - start
-    text = detok.text() if detok is not None else ""
+    text = reply.text() if reply is not None else ""
     hint = explain(stats, costs) if use_drafter is not None else ""
-    yield Finished(request_id, stats.summary(produced, text, total, ttft, stop_reason, hint))
+    summary = stats.summary(produced, text, total, ttft, stop_reason, hint)
+    yield Finished(request_id, dataclasses.replace(summary, stopped_by=stopped_by))
 
 
 @torch.inference_mode()
@@ -160,29 +168,43 @@ def _commit(
         drafter.commit(list(acceptance.token_ids), features[list(rows)])
 
 
+def _stop_round(
+    stop: StopCheck,
+    stops: StopSpec,
+    reply: ReplyText | None,
+    round_tokens: Sequence[int],
+    produced: int,
+    num_accepted: int,
+) -> tuple[list[int], tuple[TextSpan, ...], StopReason | None, str]:
+    """One round's tokens after exact stopping, their text spans, why to stop (if so) and the
+    marker or stop string that stopped the reply ("" for EOS or the budget)."""
+    tokens, reason = stop.apply(round_tokens, produced)
+    stopped_by = stops.marker_ids[round_tokens[len(tokens)]] if reason == "stop_string" else ""
+    if reply is None:
+        return tokens, (), reason, stopped_by
+    tokens, spans = reply.add(tokens, min(num_accepted, len(tokens)))
+    if reply.matched is not None:
+        return tokens, spans, "stop_string", reply.matched
+    return tokens, spans, reason, stopped_by
+
+
 def _round_event(
     request_id: str,
     round_index: int,
     tokens: list[int],
+    spans: tuple[TextSpan, ...],
     num_accepted: int,
     tree_size: int,
-    detok: IncrementalDetokenizer | None,
     draft_s: float,
     verify_s: float,
     bookkeeping_s: float,
     elapsed_s: float,
 ) -> RoundCompleted:
-    spans: list[TextSpan] = []
-    if detok is not None:
-        for source, part in (("draft", tokens[:num_accepted]), ("target", tokens[num_accepted:])):
-            text = detok.add(part) if part else ""
-            if text:
-                spans.append(TextSpan(text=text, source=source))
     return RoundCompleted(
         request_id=request_id,
         round_index=round_index,
         token_ids=tuple(tokens),
-        spans=tuple(spans),
+        spans=spans,
         num_accepted_drafts=num_accepted,
         tree_size=tree_size,
         draft_s=draft_s,

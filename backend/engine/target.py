@@ -18,6 +18,7 @@ from backend.engine import kv
 from backend.engine.attention_layout import AttentionLayout
 from backend.engine.tree import DraftTree, tree_position_ids
 from models.features import FeatureCapture, decoder_of
+from models.heads.base import execution_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,7 @@ class TargetRunner:
         self.config = model.config
         decoder = decoder_of(model)
         self.num_layers = len(decoder.layers)
-        self.device = model.get_input_embeddings().weight.device
+        self.device = execution_device(model.get_input_embeddings())  # offloaded: its hook's
         self.dtype = _compute_dtype(model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from backend.config import DType, TreeConfig
+from backend.config import DType, PromptFormat, TreeConfig
 from backend.errors import ConfigError
 from backend.services.target_source import PACKAGE_PREFIX
 
@@ -30,7 +30,7 @@ DEFAULT_CATALOG = REPO_ROOT / "assets" / "catalog.json"
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"name", "target", "head", "head_kind", "target_gb", "head_gb", "gated", "tree"}
-_OPTIONAL = {"dtype", "note", "offline"}
+_OPTIONAL = {"dtype", "note", "offline", "prompt_format"}
 _TREE_KEYS = {"total_tokens", "depth", "top_k"}
 
 
@@ -49,6 +49,7 @@ class PairSpec:
     dtype: DType = "auto"
     note: str = ""
     offline: bool = False  # bundled with the repo: target/head are local paths
+    prompt_format: PromptFormat = "auto"  # the conversation format the head was trained with
 
     @property
     def total_gb(self) -> float:
@@ -114,6 +115,12 @@ def _parse_entry(entry: Any, index: int) -> PairSpec:
     if dtype not in get_args(DType):
         raise ConfigError(f"{where}: dtype must be one of {list(get_args(DType))}, got {dtype!r}")
     offline = _typed(entry, "offline", bool, where, default=False)
+    prompt_format = entry.get("prompt_format", "auto")
+    if prompt_format not in get_args(PromptFormat):
+        raise ConfigError(
+            f"{where}: prompt_format must be one of {list(get_args(PromptFormat))}, "
+            f"got {prompt_format!r}"
+        )
     target = _location(_typed(entry, "target", str, where), offline, where)
     head = _location(_typed(entry, "head", str, where), offline, where)
     sizes = [_typed(entry, key, (int, float), where) for key in ("target_gb", "head_gb")]
@@ -131,6 +138,7 @@ def _parse_entry(entry: Any, index: int) -> PairSpec:
         dtype=dtype,
         note=_typed(entry, "note", str, where, default=""),
         offline=offline,
+        prompt_format=prompt_format,
     )
 
 

@@ -112,9 +112,12 @@ def run(args: argparse.Namespace) -> int:
     load, generation = build_configs(args)  # config errors surface before any loading
     backend = Backend()
     info = backend.load_blocking(load).info
-    if info.prompt_format != "chat template" and not args.json:
+    if info.prompt_format == "plain completion" and not args.json:
         print(f"note: {info.target} has no chat template: plain completion (the prompt text is "
               "continued as it is)", file=sys.stderr)  # fmt: skip
+    elif info.prompt_format != "chat template" and not args.json:
+        print(f"note: {info.target} has no chat template: prompt format {info.prompt_format}, "
+              "as its head was trained", file=sys.stderr)  # fmt: skip
     messages = [{"role": "user", "content": args.prompt}]
     summary = None
     for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):

@@ -25,15 +25,16 @@ from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import CostModel, TreePolicy, measure_costs
 from backend.engine.drafter import EagleDrafter
+from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
 from backend.services.dtypes import resolve_dtype
+from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
-from models.checkpoints import build_head, read_raw
-from models.heads.base import DraftHead
-from models.training.data import eos_token_ids, has_chat_template
+from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
+from models.heads.base import DraftHead, execution_device
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class LoadedPair:
     target_path: str
     head_path: str | None
     info: PairInfo
+    stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
+    prompt_format: str = "auto"  # see backend/services/prompting.py
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
@@ -159,21 +162,21 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
             **source.pretrained_kwargs(),
         )  # fmt: skip
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
+        if not source.is_gguf:
+            check_safetensors_folder(source.directory)
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
     if head is not None:
-        lm_head = model.get_output_embeddings()
-        # The head stays unquantized, in the target's compute dtype, beside the lm_head it uses.
-        head = head.to(device=lm_head.weight.device, dtype=dtype)
-        head.bind_target(model.get_input_embeddings(), lm_head)
-        drafter = EagleDrafter(head, model.config.num_hidden_layers)
+        head, drafter = bind_head(model, head, dtype)
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
+    prompt_format = resolve_format(tokenizer, config.prompt_format)
+    stops = stop_spec(model, tokenizer, prompt_format)
     info = PairInfo(
         target=config.target,
         head=config.head,
@@ -185,15 +188,32 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         parameters=int(model.num_parameters()),
         vocab_size=int(runner.vocab_size),
         max_context=int(runner.max_positions),
-        prompt_format="chat template" if has_chat_template(tokenizer) else "plain completion",
+        prompt_format=format_label(prompt_format),
     )
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     return LoadedPair(
         model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
-        head_path=prepared.head_path, info=info,
+        eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
+        head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
     )  # fmt: skip
+
+
+def bind_head(model, head: DraftHead, dtype: torch.dtype) -> tuple[DraftHead, EagleDrafter]:
+    """Place the head beside the lm_head it reads (unquantized, in the target's compute dtype)
+    and borrow the target's modules. With accelerate offloading (weights on ``meta``), that is
+    the device the lm_head is run on; a head is never left on ``meta``."""
+    lm_head = model.get_output_embeddings()
+    device = execution_device(lm_head)
+    if device.type == "meta":
+        raise ConfigError(
+            "the target's lm_head is offloaded with no device to run it on, so the draft head "
+            "cannot be placed",
+            hint="load without a device_map, or with one that keeps lm_head on a CPU or GPU",
+        )
+    head = head.to(device=device, dtype=dtype)
+    head.bind_target(model.get_input_embeddings(), lm_head)
+    return head, EagleDrafter(head, model.config.num_hidden_layers)
 
 
 def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPair:
@@ -252,3 +272,7 @@ def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
         ) from err
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot load the target from {path}: {err}") from err
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise ConfigError(f"cannot read the weights of {path}: {err}", hint=DAMAGED_HINT) from err

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import struct
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from backend.services.hub_progress import ProgressCallback, format_bytes
 from backend.services.loading import default_device
 from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
+from models.checkpoints import check_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +237,7 @@ def safetensors_parameters(folder: str | Path, skip: str = "") -> tuple[int, int
         return None
     total = quantizable = 0
     for file in files:
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+        header = check_safetensors(file)
         for name, entry in header.items():
             if name == "__metadata__" or (skip and name.startswith(skip)):
                 continue

@@ -31,6 +31,7 @@ from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished
 from backend.services.dtypes import DTYPES, resolve_dtype
 from backend.services.target_source import TargetSource, local_source
+from models.checkpoints import check_safetensors_folder
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
@@ -199,6 +200,7 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
         raise ConfigError(f"target {path} is not a local directory",
                           hint="download it first: python launch.py download <repo>")  # fmt: skip
     torch_dtype = resolve_dtype(dtype, device)
+    check_safetensors_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **source.pretrained_kwargs())
         model = AutoModelForCausalLM.from_pretrained(

@@ -13,6 +13,21 @@ from torch import nn
 from models.heads.config import HeadConfig, HeadKind
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Where ``module`` computes: its weights' device, or, when accelerate offloaded them to CPU
+    or disk (weights on ``meta``, loaded at each call), the device its dispatch hook runs it on.
+    ``meta`` only when neither says more."""
+    weight = next(module.parameters(), None)
+    if weight is not None and weight.device.type != "meta":
+        return weight.device
+    hook = getattr(module, "_hf_hook", None)
+    for part in [hook, *getattr(hook, "hooks", ())]:
+        device = getattr(part, "execution_device", None)
+        if device is not None:
+            return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return weight.device if weight is not None else torch.device("cpu")
+
+
 class DraftHead(nn.Module):
     kind: HeadKind
 
@@ -37,7 +52,7 @@ class DraftHead(nn.Module):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         embedding = self.embedding  # may live on another device than the head (device_map)
-        return embedding(token_ids.to(embedding.weight.device)).to(self.fc.weight.device)
+        return embedding(token_ids.to(execution_device(embedding))).to(self.fc.weight.device)
 
     def dtype_device(self) -> tuple[torch.dtype, torch.device]:
         """Where the head's own weights are; every head kind starts with its ``fc``."""

@@ -51,9 +51,19 @@ def rope_inverse_frequencies(config: HeadConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
+    """Rotary angles from float32 frequencies whatever the head's dtype: a bfloat16 inv_freq
+    would be off by up to a few tenths of a percent, drifting by radians at long range."""
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
+        self._config = config
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):  # every .to() / .half() / .cuda() lands here
+        super()._apply(fn, recurse)
+        # Recomputed, not cast back: a round trip through bfloat16 has already lost the digits.
+        self.inv_freq = rope_inverse_frequencies(self._config).to(self.inv_freq.device)
+        return self
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # position_ids [B, Q] -> cos, sin [B, 1, Q, head_dim]

@@ -36,3 +36,22 @@ def test_tiny_synthetic_pair_loads_and_stays_lossless(tmp_path) -> None:
         events = list(generate(pair.runner, pair.drafter, ids, config, pair.eos_ids))
         outputs[mode] = next(e for e in events if isinstance(e, Finished)).summary.token_ids
     assert outputs["eagle"] == outputs["vanilla"] and len(outputs["vanilla"]) >= 1
+
+
+def test_synthetic_target_is_built_in_its_dtype_without_a_float32_copy(tmp_path) -> None:
+    """Every parameter is created in the requested dtype (an 8B float32 intermediate would need
+    twice the memory of the bfloat16 model)."""
+    created: list[tuple[str, torch.dtype]] = []
+
+    def record(module, name, param):
+        created.append((name, param.dtype))
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(record)
+    try:
+        target, _ = write_synthetic_pair("tiny", tmp_path, dtype=torch.bfloat16)
+    finally:
+        handle.remove()
+    assert len(created) >= SHAPES["tiny"]["num_hidden_layers"] * 9  # 7 linears + 2 norms each
+    assert {dtype for _, dtype in created} == {torch.bfloat16}
+    pair = load_pair(LoadConfig(target=str(target), dtype="bfloat16"))
+    assert pair.runner.dtype == torch.bfloat16
