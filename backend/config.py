@@ -58,6 +58,16 @@ class TreeConfig:
     shape: TreeShape = "dynamic"
     auto: bool = False  # choose the shape per round from measured costs and acceptance
 
+    def label(self) -> str:
+        """Short name of the shape, as the summary, the bench and the UI show it."""
+        if self.auto:
+            return "auto"
+        if self.shape == "static":
+            return f"static tree, depth {self.depth}"
+        if self.top_k == 1 or self.total_tokens == self.depth + 1:
+            return f"chain {min(self.depth, self.total_tokens - 1)}"
+        return f"{self.total_tokens}/{self.depth}/{self.top_k}"
+
     def __post_init__(self) -> None:
         if self.shape not in ("dynamic", "static"):
             raise ConfigError(f"tree shape must be 'dynamic' or 'static', got {self.shape!r}")

@@ -10,6 +10,7 @@ exactly (EOS / budget), 5 compact the KV cache and feed the head, 6 emit the rou
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -133,14 +134,17 @@ def generate(
             root = acceptance.bonus_token_id
         t3 = now(device)
         if policy is not None and tree_config is not None:
-            policy.observe(tree_config, acceptance.num_accepted_drafts)
+            policy.observe_verified(tree_config, tree, acceptance)
         accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
         stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
+        shape = tree_config.label() if tree_config is not None and tree.size > 1 else "plain"
+        stats.tree_shapes[shape] += 1
         # 6. emit the round
-        yield _round_event(
+        event = _round_event(
             request_id, round_index, tokens, accepted_shown, tree.size, detok,
             t1 - t0, t2 - t1, t3 - t2, t3 - start,
         )  # fmt: skip
+        yield dataclasses.replace(event, tree_shape=shape)
 
     total = now(device) - start
     text = detok.text() if detok is not None else ""

@@ -14,6 +14,7 @@ Loading is a generator of ``Progress`` events that returns the ``LoadedPair``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,11 +24,18 @@ import torch
 
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
-from backend.engine.autotune import CostModel, TreePolicy, measure_costs
+from backend.engine.autotune import (
+    CostModel,
+    TreePolicy,
+    calibrate,
+    calibration_steps,
+    measure_costs,
+)
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
+from backend.services import calibration_cache
 from backend.services.target_source import local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import build_head, read_raw
@@ -54,6 +62,7 @@ class LoadedPair:
     head_path: str | None
     info: PairInfo
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
+    calibration_s: float = 0.0  # time spent measuring them at load (0 when read from disk)
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
     def tree_costs(self) -> CostModel | None:
@@ -179,7 +188,27 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
-    info = PairInfo(
+        costs, calibration_s = yield from calibrate_pair(prepared, runner, drafter, dtype_name)
+    info = pair_info(config, model, tokenizer, head, runner, dtype_name)
+    yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
+    logger.info("loaded %s", info)
+    return LoadedPair(
+        model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
+        eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
+        head_path=prepared.head_path, info=info, costs=costs, calibration_s=calibration_s,
+    )  # fmt: skip
+
+
+def pair_info(
+    config: LoadConfig,
+    model: Any,
+    tokenizer: Any,
+    head: DraftHead | None,
+    runner: TargetRunner,
+    dtype_name: str,
+) -> PairInfo:
+    """What the UI and the CLI show about a loaded pair."""
+    return PairInfo(
         target=config.target,
         head=config.head,
         head_kind=head.kind.value if head is not None else None,
@@ -192,13 +221,6 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         max_context=int(runner.max_positions),
         prompt_format="chat template" if has_chat_template(tokenizer) else "plain completion",
     )
-    yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
-    logger.info("loaded %s", info)
-    return LoadedPair(
-        model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
-        head_path=prepared.head_path, info=info,
-    )  # fmt: skip
 
 
 def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPair:
@@ -219,6 +241,38 @@ def drain(
             return done.value
         if on_progress is not None:
             on_progress(event)
+
+
+def calibrate_pair(
+    prepared: PreparedLoad, runner: TargetRunner, drafter: EagleDrafter | None, dtype_name: str
+) -> Generator[Progress, None, tuple[CostModel | None, float]]:
+    """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
+    on-disk cache when this pair was timed on this machine before, else measured with progress.
+    Returns the costs and the seconds spent measuring (0 when cached)."""
+    if drafter is None:
+        return None, 0.0
+    key = calibration_cache.calibration_key(
+        prepared.target_path, prepared.head_path, runner.device, dtype_name,
+        prepared.config.quantization,
+    )  # fmt: skip
+    costs = calibration_cache.load_costs(key)
+    if costs is not None:
+        yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
+        return costs, 0.0
+    total = calibration_steps(has_drafter=True)
+    message = "timing tree verification for the auto-tuner (once per model and machine)"
+    start = time.perf_counter()
+    steps = calibrate(runner, drafter)
+    while True:
+        try:
+            done = next(steps)
+        except StopIteration as finished:
+            costs = finished.value
+            break
+        yield Progress("calibrate", done, total, "steps", message)
+    seconds = time.perf_counter() - start
+    calibration_cache.save_costs(key, costs)
+    return costs, seconds
 
 
 @torch.inference_mode()
