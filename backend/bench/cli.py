@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
     )
+    parser.add_argument(
+        "--readout", choices=["auto", "stock", "rows-first"], default="auto",
+        help="CPU output projection over several rows: timed at load (auto) or forced, for A/B",
+    )  # fmt: skip
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
         "--repeats", type=int, default=3,
@@ -80,7 +84,7 @@ def _run(args: argparse.Namespace, target: str, head: str, pair_dtype: str = "au
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = pair_dtype if args.dtype == "auto" else args.dtype
     started = time.perf_counter()
-    pair = load_pair(LoadConfig(target=target, head=head, dtype=dtype))
+    pair = load_pair(LoadConfig(target=target, head=head, dtype=dtype, readout=args.readout))
     load_s = time.perf_counter() - started - pair.calibration_s
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
     spec = BenchSpec(

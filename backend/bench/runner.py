@@ -201,6 +201,7 @@ def run_bench(
         "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
         "prompt_tokens_min": min(map(len, encoded), default=0),
         "calibration_s": round(pair.calibration_s, 2), "peak_rss_bytes": peak_rss_bytes(),
+        "readout": "rows-first" if pair.fast_readout else "stock",
     }  # fmt: skip
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
 

@@ -49,6 +49,7 @@ def calibration_key(
     device: torch.device,
     dtype: str,
     quantization: str,
+    readout: bool = False,
 ) -> dict:
     """Everything a measured cost depends on, as a JSON-ready dict."""
     return {
@@ -58,6 +59,7 @@ def calibration_key(
         "device": hardware_name(device),
         "dtype": dtype,
         "quantization": quantization,
+        "rows_first_readout": readout,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "context": CALIBRATION_CONTEXT,

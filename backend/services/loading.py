@@ -32,6 +32,7 @@ from backend.engine.autotune import (
     measure_costs,
 )
 from backend.engine.drafter import EagleDrafter
+from backend.engine.readout import speed_up_readout, uses_rows_first
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
@@ -63,6 +64,7 @@ class LoadedPair:
     info: PairInfo
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
     calibration_s: float = 0.0  # time spent measuring them at load (0 when read from disk)
+    fast_readout: bool = False  # the output projection uses the rows-first CPU form
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
     def tree_costs(self) -> CostModel | None:
@@ -176,6 +178,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
+    choice = {"auto": None, "stock": False, "rows-first": True}[config.readout]
+    fast_readout = speed_up_readout(model, force=choice)
     head, drafter = prepared.head, None
     if head is not None:
         lm_head = model.get_output_embeddings()
@@ -196,6 +200,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
         eos_ids=tuple(sorted(eos_token_ids(model, tokenizer))), target_path=prepared.target_path,
         head_path=prepared.head_path, info=info, costs=costs, calibration_s=calibration_s,
+        fast_readout=fast_readout,
     )  # fmt: skip
 
 
@@ -253,7 +258,7 @@ def calibrate_pair(
         return None, 0.0
     key = calibration_cache.calibration_key(
         prepared.target_path, prepared.head_path, runner.device, dtype_name,
-        prepared.config.quantization,
+        prepared.config.quantization, uses_rows_first(runner.model),
     )  # fmt: skip
     costs = calibration_cache.load_costs(key)
     if costs is not None:
