@@ -258,7 +258,7 @@ class Backend:
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed
         one-token forward), without running anything: an estimate, not a measurement. None
-        before the pair was calibrated (its first EAGLE reply with an automatic tree)."""
+        for a pair without a head (nothing is calibrated then)."""
         pair = self.pair
         if pair is None or pair.costs is None:
             return None

@@ -60,6 +60,16 @@ class TreeConfig:
     shape: TreeShape = "dynamic"
     auto: bool = False  # choose the shape per round from measured costs and acceptance
 
+    def label(self) -> str:
+        """Short name of the shape, as the summary, the bench and the UI show it."""
+        if self.auto:
+            return "auto"
+        if self.shape == "static":
+            return f"static tree, depth {self.depth}"
+        if self.top_k == 1 or self.total_tokens == self.depth + 1:
+            return f"chain {min(self.depth, self.total_tokens - 1)}"
+        return f"{self.total_tokens}/{self.depth}/{self.top_k}"
+
     def __post_init__(self) -> None:
         if self.shape not in ("dynamic", "static"):
             raise ConfigError(f"tree shape must be 'dynamic' or 'static', got {self.shape!r}")
@@ -112,8 +122,13 @@ class LoadConfig:
     trust_remote_code: bool = False
     gguf_file: str | None = None  # a .gguf file inside the target folder or Hub repo
     prompt_format: PromptFormat = "auto"  # auto = the chat template if any, else plain text
+    # CPU output projection over several rows: "auto" = the faster form as timed at load,
+    # "stock" = F.linear always, "rows-first" = always (see backend/engine/readout.py)
+    readout: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.readout not in ("auto", "stock", "rows-first"):
+            raise ConfigError(f"readout must be auto|stock|rows-first, got {self.readout!r}")
         if not self.target:
             raise ConfigError("a target model (path or Hub id) is required")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

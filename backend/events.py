@@ -52,6 +52,7 @@ class RoundCompleted:
     verify_s: float
     bookkeeping_s: float
     elapsed_s: float  # since the request started
+    tree_shape: str = ""  # the shape verified this round ("16/5/4", "chain 6", "plain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class GenerationSummary:
     token_ids: tuple[int, ...]
     hint: str = ""  # plain-words reason when the speedup is likely low
     stopped_by: str = ""  # the turn marker or stop string that ended the reply, if one did
+    tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape, most used first
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,7 @@ class GenerationFailed:
 
 GenerationEvent = Union[Started, RoundCompleted, Finished, GenerationFailed]
 
-ProgressStage = Literal["resolve", "download", "load", "quantize", "warmup"]
+ProgressStage = Literal["resolve", "download", "load", "quantize", "warmup", "calibrate"]
 ProgressUnit = Literal["bytes", "files", "steps"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# Measured tree costs go to a per-session folder, never into the user's ~/.cache.
+os.environ.setdefault("EAGLECHAT_CACHE_DIR", tempfile.mkdtemp(prefix="eaglechat-test-cache-"))
 
 import torch  # noqa: E402
 

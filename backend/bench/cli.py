@@ -16,7 +16,7 @@ from pathlib import Path
 
 from backend.bench.prompts import load_prompts
 from backend.bench.report import LABELS, write_reports
-from backend.bench.runner import METHODS, run_bench
+from backend.bench.runner import METHODS, BenchSpec, run_bench
 from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import ConfigError
@@ -47,10 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
     )
+    parser.add_argument(
+        "--readout", choices=["auto", "stock", "rows-first"], default="auto",
+        help="CPU output projection over several rows: timed at load (auto) or forced, for A/B",
+    )  # fmt: skip
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
         "--repeats", type=int, default=3,
         help="runs per prompt and method, interleaved; the median run counts (noise guard)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seeds", type=int, default=3,
+        help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
     )  # fmt: skip
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -82,18 +90,23 @@ def _run(
     )
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = choose_dtype(args.dtype, default_device(), preferred=pair_dtype)
+    started = time.perf_counter()
     pair = load_pair(
-        LoadConfig(target=target, head=head, dtype=dtype, prompt_format=prompt_format)  # type: ignore[arg-type]
+        LoadConfig(target=target, head=head, dtype=dtype, prompt_format=prompt_format,  # type: ignore[arg-type]
+                   readout=args.readout)  # fmt: skip
     )
+    load_s = time.perf_counter() - started - pair.calibration_s
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
+    spec = BenchSpec(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, tree=tree,
+        methods=methods, repeats=args.repeats, seeds=args.seeds,
+    )  # fmt: skip
 
     def progress(index: int, total: int, method: str) -> None:
-        print(f"\r[{index + 1}/{total}] {LABELS[method]:<30}", end="", file=sys.stderr, flush=True)
+        print(f"\r[{index + 1}/{total}] {LABELS[method]:<32}", end="", file=sys.stderr, flush=True)
 
-    result = run_bench(
-        pair, prompts, args.max_new_tokens, args.temperature, tree, methods, progress,
-        repeats=args.repeats,
-    )  # fmt: skip
+    result = run_bench(pair, prompts, spec, progress)
+    result.settings["load_s"] = round(load_s, 2)
     print(file=sys.stderr)
     command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_reports(result, Path(args.out), command)

@@ -7,6 +7,7 @@ rounds / rounds (backend/events.py); identical = same token ids as vanilla.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,13 @@ from typing import Any
 
 from backend.bench.runner import METHODS, BenchResult, MethodRun
 
-LABELS = {"vanilla": "vanilla", "eagle": "EAGLE", "prompt_lookup": "prompt lookup (transformers)"}
+LABELS = {
+    "vanilla": "vanilla",
+    "eagle": "EAGLE",
+    "generate": "model.generate() (transformers)",
+    "prompt_lookup": "prompt lookup (transformers)",
+}
+_NO_ROUNDS = ("generate", "prompt_lookup")  # the library's loops: no rounds to count
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +78,34 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
             speedup=tps / base_tps if base_tps else 1.0,
             ttft_s=sum(r.ttft_s for r in runs) / len(runs),
             identical=sum(1 for r, v in zip(runs, vanilla_ids) if r.token_ids == v),
-            tau=_tau(runs) if method != "prompt_lookup" else None,
+            tau=_tau(runs) if method not in _NO_ROUNDS else None,
             accept_per_depth=_accept_per_depth(runs),
             draft_share=sum(r.draft_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
             verify_share=sum(r.verify_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
         )  # fmt: skip
     return summaries
+
+
+def speedup_per_seed(result: BenchResult, method: str = "eagle") -> list[float]:
+    """``method``'s speedup over vanilla in each pass over the prompts (one per seed)."""
+    speedups = []
+    for seed in sorted({p.seed for p in result.prompts}):
+        prompts = [p for p in result.prompts if p.seed == seed]
+        summaries = summarize(dataclasses.replace(result, prompts=prompts))
+        if method in summaries:
+            speedups.append(summaries[method].speedup)
+    return speedups
+
+
+def shape_shares(result: BenchResult, method: str = "eagle") -> list[tuple[str, float]]:
+    """Which tree shapes ``method`` verified, as shares of its rounds, most used first."""
+    counts: dict[str, int] = {}
+    for prompt in result.prompts:
+        run = prompt.runs.get(method)
+        for name, rounds in run.tree_shapes if run is not None else ():
+            counts[name] = counts.get(name, 0) + rounds
+    total = sum(counts.values())
+    return sorted(((n, c / total) for n, c in counts.items()), key=lambda x: -x[1]) if total else []
 
 
 def why_slow(summaries: dict[str, MethodSummary], costs: dict[str, Any]) -> str:
@@ -115,6 +144,7 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
             f"| {LABELS[m.method]} | {m.tokens_per_s:.1f} | {m.speedup:.2f}x | {tau} | "
             f"{m.identical}/{s['num_prompts']} | {m.ttft_s:.3f} |"
         )
+    lines += _run_facts(result)
     eagle = summaries.get("eagle")
     if eagle is not None:
         depths = ", ".join(f"d{i + 1}: {p:.2f}" for i, p in enumerate(eagle.accept_per_depth[:8]))
@@ -138,10 +168,44 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
             lines.append(f"Verify cost relative to one step, by tree size: {shown}; "
                          f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
                          f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain).")  # fmt: skip
+        shapes = shape_shares(result)
+        if shapes:
+            lines.append("Trees verified by EAGLE (share of rounds): " + ", ".join(
+                f"{name} {share:.0%}" for name, share in shapes[:6]) + ".")  # fmt: skip
         reason = why_slow(summaries, result.costs)
         if reason:
             lines.append(f"Why the speedup is limited: {reason}.")
     return "\n".join(lines) + "\n"
+
+
+def _run_facts(result: BenchResult) -> list[str]:
+    """Seeds, load-time calibration and memory: what the table's averages do not show."""
+    s, lines = result.settings, []
+    per_seed = speedup_per_seed(result)
+    if len(per_seed) > 1:
+        shown = ", ".join(f"{x:.2f}x" for x in per_seed)
+        mean = sum(per_seed) / len(per_seed)
+        lines += ["", f"EAGLE speedup per seed ({len(per_seed)} seeds): {shown}; mean {mean:.2f}x "
+                  f"(the table pools all seeds' tokens and seconds)."]  # fmt: skip
+    facts = []
+    if "calibration_s" in s:
+        calibration = s["calibration_s"]
+        facts.append(f"tree calibration at load {calibration:.1f} s" if calibration
+                     else "tree calibration read from the on-disk cache")  # fmt: skip
+    if "load_s" in s:
+        facts.append(f"load {s['load_s']:.1f} s")
+    if s.get("peak_rss_bytes"):
+        facts.append(f"peak resident memory {s['peak_rss_bytes'] / 2**30:.2f} GiB")
+    peaks = {
+        m: max(p.runs[m].peak_memory_bytes or 0 for p in result.prompts)
+        for m in result.prompts[0].runs
+    } if result.prompts else {}  # fmt: skip
+    if any(peaks.values()):
+        facts.append("device memory peak " + ", ".join(
+            f"{LABELS[m]} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v))  # fmt: skip
+    if facts:
+        lines += ["", "Run: " + "; ".join(facts) + "."]
+    return lines
 
 
 def plot(summaries: dict[str, MethodSummary], path: Path) -> None:
@@ -155,7 +219,7 @@ def plot(summaries: dict[str, MethodSummary], path: Path) -> None:
     left.bar(
         names,
         [m.tokens_per_s for m in summaries.values()],
-        color=["#888", "#2a7", "#58c"][: len(names)],
+        color=["#888", "#2a7", "#aaa", "#58c"][: len(names)],
     )
     left.set_ylabel("tokens/s")
     left.set_title("Decoding speed")

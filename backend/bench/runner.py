@@ -6,13 +6,12 @@ target on the same prompts, interleaved prompt by prompt so machine drift hits a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from backend.bench.prompts import BenchPrompt
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.autotune import CostModel
+from backend.engine.device import hardware_name
 from backend.engine.loop import generate
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import LoadedPair
@@ -27,7 +27,7 @@ from backend.services.prompting import prompt_ids
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("vanilla", "eagle", "prompt_lookup")
+METHODS = ("vanilla", "eagle", "generate", "prompt_lookup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,8 @@ class MethodRun:
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: tuple[int, ...] = ()
+    peak_memory_bytes: int | None = None  # device memory peak during the run (CUDA only)
+    tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape (EAGLE)
 
     @property
     def new_tokens(self) -> int:
@@ -52,6 +54,7 @@ class MethodRun:
 @dataclass
 class PromptResult:
     prompt: BenchPrompt
+    seed: int = 0  # which pass over the prompt set (sampling runs one per seed)
     runs: dict[str, MethodRun] = field(default_factory=dict)
 
 
@@ -66,7 +69,11 @@ class BenchResult:
             "settings": self.settings,
             "costs": self.costs,
             "prompts": [
-                {"prompt": asdict(p.prompt), "runs": {m: asdict(r) for m, r in p.runs.items()}}
+                {
+                    "prompt": asdict(p.prompt),
+                    "seed": p.seed,
+                    "runs": {m: asdict(r) for m, r in p.runs.items()},
+                }
                 for p in self.prompts
             ],
         }
@@ -89,15 +96,27 @@ def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig, costs
         ttft_s=summary.ttft_s, rounds=summary.rounds,
         accept_lengths=summary.accept_lengths if config.mode == "eagle" else (),
         draft_s=summary.draft_s, verify_s=summary.verify_s, tree_sizes=tuple(sizes),
+        tree_shapes=summary.tree_shapes if config.mode == "eagle" else (),
     )  # fmt: skip
 
 
 def run_prompt_lookup(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
     """transformers' own prompt-lookup decoding (assisted generation) on the same target."""
+    return _hf_generate("prompt_lookup", pair, ids, config, prompt_lookup_num_tokens=10)
+
+
+def run_generate(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
+    """Plain ``model.generate()``: the library's own decoding loop, as a reference for ours."""
+    return _hf_generate("generate", pair, ids, config)
+
+
+def _hf_generate(
+    method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig, **extra: Any
+) -> MethodRun:
     model = pair.model
     inputs = torch.tensor([ids], device=pair.runner.device)
     sampling = config.sampling
-    kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
+    kwargs: dict[str, Any] = {"do_sample": not sampling.greedy, **extra}
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         torch.manual_seed(sampling.seed or 0)
@@ -105,12 +124,12 @@ def run_prompt_lookup(pair: LoadedPair, ids: list[int], config: GenerationConfig
     with torch.inference_mode():
         output = model.generate(
             inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=config.max_new_tokens,
-            prompt_lookup_num_tokens=10, eos_token_id=list(pair.eos_ids) or None,
+            eos_token_id=list(pair.eos_ids) or None,
             pad_token_id=pair.eos_ids[0] if pair.eos_ids else 0, **kwargs,
         )  # fmt: skip
     seconds = time.perf_counter() - start
     new = tuple(output[0, len(ids) :].tolist())
-    return MethodRun("prompt_lookup", new, seconds, ttft_s=0.0, rounds=0, accept_lengths=())
+    return MethodRun(method, new, seconds, ttft_s=0.0, rounds=0, accept_lengths=())
 
 
 def median_run(runs: list[MethodRun]) -> MethodRun:
@@ -119,87 +138,128 @@ def median_run(runs: list[MethodRun]) -> MethodRun:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def machine_description() -> str:
-    """CPU model, core count and torch threads (and the GPU name when one is used)."""
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    text = f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    if torch.cuda.is_available():
-        text += f", {torch.cuda.get_device_name(0)}"
-    return text
+def machine_description(device: torch.device) -> str:
+    """The hardware and torch's thread count."""
+    return f"{hardware_name(device)}, {torch.get_num_threads()} torch threads"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSpec:
+    """What one bench run measures (the same for every method)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    tree: TreeConfig = field(default_factory=lambda: TreeConfig(auto=True))
+    methods: tuple[str, ...] = METHODS
+    repeats: int = 1  # runs per prompt, method and seed; the median run counts
+    seeds: int = 1  # at temperature > 0, the whole prompt set once per seed
+
+    def describe_tree(self) -> str:
+        tree = self.tree
+        return (
+            "auto" if tree.auto else f"{tree.total_tokens}/{tree.depth}/{tree.top_k} {tree.shape}"
+        )
 
 
 def run_bench(
     pair: LoadedPair,
     prompts: list[BenchPrompt],
-    max_new_tokens: int,
-    temperature: float,
-    tree: TreeConfig,
-    methods: tuple[str, ...] = METHODS,
+    spec: BenchSpec,
     progress: Callable[[int, int, str], None] | None = None,
-    repeats: int = 1,
 ) -> BenchResult:
-    """Every prompt runs ``repeats`` times per method, methods interleaved; the run with the
-    median time per token counts, so a burst of load on a shared machine hits no method alone."""
+    """Every prompt runs ``spec.repeats`` times per method, methods interleaved; the run with
+    the median time per token counts, so a burst of load on a shared machine hits no method
+    alone. With sampling the prompt set runs once per seed (seed s, prompt i: seed s*10007+i)."""
     costs: CostModel | None = pair.tree_costs()
-    results: list[PromptResult] = []
     encoded = [
         prompt_ids(
             pair.tokenizer, [{"role": "user", "content": p.text}], prompt_format=pair.prompt_format
         )
         for p in prompts
     ]
-    warmup = GenerationConfig(mode="vanilla", max_new_tokens=8)
-    run_engine(pair, encoded[0], warmup, costs)
-    if "eagle" in methods:
-        run_engine(
-            pair, encoded[0], GenerationConfig(mode="eagle", max_new_tokens=8, tree=tree), costs
-        )
-    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        sampling = SamplingConfig(temperature=temperature, seed=index)
-        result = PromptResult(prompt)
-        runs: dict[str, list[MethodRun]] = {method: [] for method in methods}
-        for _ in range(max(1, repeats)):
-            for method in methods:
-                if progress is not None:
-                    progress(index, len(prompts), method)
-                if method == "prompt_lookup":
+    _warm_up(pair, encoded[0], spec, costs)
+    seeds = max(1, spec.seeds) if spec.temperature > 0 else 1
+    results: list[PromptResult] = []
+    for seed in range(seeds):
+        for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            sampling = SamplingConfig(temperature=spec.temperature, seed=seed * 10007 + index)
+            result = PromptResult(prompt, seed=seed)
+            runs: dict[str, list[MethodRun]] = {method: [] for method in spec.methods}
+            for _ in range(max(1, spec.repeats)):
+                for method in spec.methods:
+                    if progress is not None:
+                        progress(seed * len(prompts) + index, seeds * len(prompts), method)
                     config = GenerationConfig(
-                        mode="vanilla", max_new_tokens=max_new_tokens, sampling=sampling
-                    )
-                    runs[method].append(run_prompt_lookup(pair, ids, config))
-                else:
-                    config = GenerationConfig(
-                        mode=method, max_new_tokens=max_new_tokens, sampling=sampling, tree=tree
-                    )
-                    runs[method].append(run_engine(pair, ids, config, costs))
-        result.runs = {method: median_run(done) for method, done in runs.items()}
-        results.append(result)
+                        mode="eagle" if method == "eagle" else "vanilla", sampling=sampling,
+                        max_new_tokens=spec.max_new_tokens, tree=spec.tree,
+                    )  # fmt: skip
+                    runs[method].append(_measured(method, pair, ids, config, costs))
+            result.runs = {method: median_run(done) for method, done in runs.items()}
+            results.append(result)
     settings = {
         "target": pair.target_path, "head": pair.head_path, "head_kind": pair.info.head_kind,
         "device": str(pair.runner.device), "dtype": pair.info.dtype,
-        "machine": machine_description(),
-        "temperature": temperature, "max_new_tokens": max_new_tokens,
-        "tree": "auto" if tree.auto else f"{tree.total_tokens}/{tree.depth}/{tree.top_k} {tree.shape}",
-        "num_prompts": len(prompts), "repeats": max(1, repeats), "torch": torch.__version__,
+        "machine": machine_description(pair.runner.device),
+        "temperature": spec.temperature, "max_new_tokens": spec.max_new_tokens,
+        "tree": spec.describe_tree(), "seeds": seeds,
+        "num_prompts": len(prompts), "repeats": max(1, spec.repeats), "torch": torch.__version__,
         "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
         "prompt_tokens_min": min(map(len, encoded), default=0),
+        "calibration_s": round(pair.calibration_s, 2), "peak_rss_bytes": peak_rss_bytes(),
+        "readout": "rows-first" if pair.fast_readout else "stock",
     }  # fmt: skip
-    cost_info = (
-        {
-            "step_s": costs.verify(1),
-            "verify_ratio": {
-                str(n): round(costs.verify_ratio(n), 3) for n in sorted(costs.verify_s)
-            },
-            "draft_step_ratio": round(costs.draft_step_s / costs.verify(1), 3),
-            "chain_step_ratio": round(costs.step_s(chain=True) / costs.verify(1), 3),
-        }
-        if costs
-        else {}
-    )
-    return BenchResult(settings=settings, costs=cost_info, prompts=results)
+    return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
+
+
+def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec, costs) -> None:
+    """Kernel set-up and first-call costs land here, in no method's timings."""
+    run_engine(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8), costs)
+    if "eagle" in spec.methods:
+        config = GenerationConfig(mode="eagle", max_new_tokens=8, tree=spec.tree)
+        run_engine(pair, ids, config, costs)
+    if "generate" in spec.methods:
+        run_generate(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))
+
+
+def _measured(
+    method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig, costs
+) -> MethodRun:
+    """One run of ``method``, with the device's peak memory during it where the device has a
+    counter for it (CUDA)."""
+    device = pair.runner.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if method == "prompt_lookup":
+        run = run_prompt_lookup(pair, ids, config)
+    elif method == "generate":
+        run = run_generate(pair, ids, config)
+    else:
+        run = run_engine(pair, ids, config, costs)
+    if device.type == "cuda":
+        run = dataclasses.replace(run, peak_memory_bytes=torch.cuda.max_memory_allocated(device))
+    return run
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (Linux and macOS report it in different units)."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def cost_summary(costs: CostModel | None) -> dict[str, Any]:
+    if costs is None:
+        return {}
+    step = costs.verify(1)
+    return {
+        "step_s": step,
+        "verify_ratio": {str(n): round(costs.verify_ratio(n), 3) for n in sorted(costs.verify_s)},
+        "chain_verify_ratio": {
+            str(n): round(costs.verify_ratio(n, chain=True), 3) for n in sorted(costs.verify_s)
+        },
+        "draft_step_ratio": round(costs.draft_step_s / step, 3),
+        "chain_step_ratio": round(costs.step_s(chain=True) / step, 3),
+    }

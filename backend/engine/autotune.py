@@ -15,21 +15,25 @@ is nearly flat and large trees win: the same rule picks both from the timings.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
 
 from backend.config import TreeConfig
+from backend.engine import kv
 from backend.engine.device import device_sync
+from backend.engine.replay import covers, replay_accepted
 from backend.engine.tree import DraftTree
+from backend.engine.verify import Acceptance
 
 # Candidate shapes (total_tokens incl. root, depth, top_k), small to large.
 LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=n, depth=d, top_k=k)
     for n, d, k in (
         (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1), (6, 5, 1), (7, 6, 1), (6, 3, 2), (8, 4, 2),
-        (10, 5, 2),
-        (12, 5, 3), (16, 5, 4), (16, 6, 3), (24, 6, 4), (32, 6, 6), (48, 7, 8), (60, 7, 10),
+        (10, 5, 2), (12, 5, 3), (16, 5, 4), (16, 5, 10), (16, 6, 3), (24, 6, 4), (32, 6, 6),
+        (32, 6, 8), (48, 7, 8), (60, 7, 10),
     )
 )  # fmt: skip
 # Sampled drafts (temperature > 0) are drawn as chains (drafter.py). A second chain beside the
@@ -41,31 +45,38 @@ SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
 EMA = 0.15  # weight of the newest round in the acceptance estimates
-WIDTH_GAIN_CAP = 0.15  # most a wider tree may add to a depth's acceptance rate
+PRIOR_TAIL = 0.5  # chance the next guess is right once the earlier ones failed, assumed
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
+SCOUT_EVERY = 8  # rounds between verifications of a shape one size up (see TreePolicy.choose)
+MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
+REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
 
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Seconds per target forward by number of verified tokens, and per head draft step (of a
+    """Seconds per target forward by number of verified tokens (a branching tree, which needs a
+    tree mask, and a chain, which is plain causal attention), and per head draft step (of a
     branching tree, and of a top-1 chain, which skips the tree bookkeeping)."""
 
     verify_s: dict[int, float]
     draft_step_s: float
     chain_step_s: float = 0.0  # 0 = same as draft_step_s
+    chain_verify_s: dict[int, float] = field(default_factory=dict)  # empty = same as verify_s
 
-    def verify(self, size: int) -> float:
-        sizes = sorted(self.verify_s)
+    def verify(self, size: int, chain: bool = False) -> float:
+        table = self.chain_verify_s if chain and self.chain_verify_s else self.verify_s
+        sizes = sorted(table)
         for known in sizes:
             if known >= size:
-                return self.verify_s[known]
-        return self.verify_s[sizes[-1]] * size / sizes[-1]
+                return table[known]
+        return table[sizes[-1]] * size / sizes[-1]
 
     def round_s(self, tree: TreeConfig | None) -> float:
         if tree is None:
             return self.verify(1)
-        return self.verify(tree.total_tokens) + tree.depth * self.step_s(chain=tree.top_k == 1)
+        chain = tree.top_k == 1
+        return self.verify(tree.total_tokens, chain) + tree.depth * self.step_s(chain)
 
     def step_s(self, chain: bool) -> float:
         """One head step, in a top-1 chain or in a branching tree."""
@@ -73,43 +84,113 @@ class CostModel:
             return self.chain_step_s
         return self.draft_step_s
 
-    def verify_ratio(self, size: int) -> float:
+    def verify_ratio(self, size: int, chain: bool = False) -> float:
         """Cost of verifying ``size`` tokens relative to one plain step."""
-        return self.verify(size) / self.verify(1)
+        return self.verify(size, chain) / self.verify(1)
+
+    def to_json(self) -> dict:
+        return {
+            "verify_s": {str(n): s for n, s in self.verify_s.items()},
+            "chain_verify_s": {str(n): s for n, s in self.chain_verify_s.items()},
+            "draft_step_s": self.draft_step_s,
+            "chain_step_s": self.chain_step_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostModel:
+        return cls(
+            verify_s={int(n): float(s) for n, s in data["verify_s"].items()},
+            chain_verify_s={int(n): float(s) for n, s in data.get("chain_verify_s", {}).items()},
+            draft_step_s=float(data["draft_step_s"]),
+            chain_step_s=float(data.get("chain_step_s", 0.0)),
+        )
 
 
-def measure_costs(runner, drafter, context: int = 64, repeats: int = 5) -> CostModel:
-    """Time target forwards of each candidate width and one head step on this device.
+CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
 
+
+def calibration_steps(has_drafter: bool) -> int:
+    """How many measurements ``calibrate`` reports progress for."""
+    return 2 * len(MEASURED_SIZES) + (2 if has_drafter else 0)
+
+
+def calibrate(
+    runner, drafter, context: int = CALIBRATION_CONTEXT, repeats: int = 5
+) -> Generator[int, None, CostModel]:
+    """Time target forwards of each candidate width (branching trees and chains) and one head
+    step on this device, yielding the number of measurements done after each one.
+
+    One prefill serves every timing: after each forward the cache is cut back to the prompt.
     The minimum over repeats is kept (other processes only ever add time), and costs are made
     non-decreasing in the number of tokens."""
-    device = runner.device
     prompt = torch.zeros(context, dtype=torch.long)
     verify_s: dict[int, float] = {}
+    chain_verify_s: dict[int, float] = {}
+    done = 0
     with torch.inference_mode():
+        cache = runner.new_cache()
+        runner.prefill(prompt, cache, with_features=False)
         for size in MEASURED_SIZES:
-            chain = DraftTree.from_parents(
-                torch.zeros(size, dtype=torch.long), torch.arange(-1, size - 1)
-            )
-            samples = []
-            for _ in range(repeats):
-                cache = runner.new_cache()
-                runner.prefill(prompt, cache, with_features=False)
-                device_sync(device)
-                start = time.perf_counter()
-                runner.verify(chain, cache, with_features=True)
-                device_sync(device)
-                samples.append(time.perf_counter() - start)
-            verify_s[size] = min(samples)
-    running = 0.0
-    for size in MEASURED_SIZES:  # more tokens never cost less
-        running = max(running, verify_s[size])
-        verify_s[size] = running
-    draft_step_s = chain_step_s = 0.0
-    if drafter is not None:
-        draft_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=2)
-        chain_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=1)
-    return CostModel(verify_s=verify_s, draft_step_s=draft_step_s, chain_step_s=chain_step_s)
+            for table, tree in ((verify_s, _branching(size)), (chain_verify_s, _chain(size))):
+                table[size] = _time_verify(runner, cache, tree, repeats)
+                done += 1
+                yield done
+        draft_step_s = chain_step_s = 0.0
+        if drafter is not None:
+            draft_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=2)
+            yield done + 1
+            chain_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=1)
+            yield done + 2
+    return CostModel(
+        verify_s=_non_decreasing(verify_s),
+        chain_verify_s=_non_decreasing(chain_verify_s),
+        draft_step_s=draft_step_s,
+        chain_step_s=chain_step_s,
+    )
+
+
+def measure_costs(
+    runner, drafter, context: int = CALIBRATION_CONTEXT, repeats: int = 5
+) -> CostModel:
+    """``calibrate`` run to its end (callers that show no progress)."""
+    steps = calibrate(runner, drafter, context, repeats)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as finished:
+            return finished.value
+
+
+def _branching(size: int) -> DraftTree:
+    """A binary tree of ``size`` nodes: the attention-mask path that top-k trees take."""
+    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, size)])
+    return DraftTree.from_parents(torch.zeros(size, dtype=torch.long), parents)
+
+
+def _chain(size: int) -> DraftTree:
+    return DraftTree.chain(torch.zeros(size, dtype=torch.long))
+
+
+def _time_verify(runner, cache, tree: DraftTree, repeats: int) -> float:
+    committed = kv.cache_length(cache)
+    samples = []
+    for _ in range(repeats):
+        device_sync(runner.device)
+        start = time.perf_counter()
+        runner.verify(tree, cache, with_features=True)
+        device_sync(runner.device)
+        samples.append(time.perf_counter() - start)
+        kv.truncate(cache, committed)
+    return min(samples)
+
+
+def _non_decreasing(costs: dict[int, float]) -> dict[int, float]:
+    """More tokens never cost less: smooth out timer noise."""
+    running, smooth = 0.0, {}
+    for size in sorted(costs):
+        running = max(running, costs[size])
+        smooth[size] = running
+    return smooth
 
 
 def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int, top_k: int) -> float:
@@ -133,14 +214,33 @@ _UNKNOWN = object()
 
 @dataclass
 class TreePolicy:
-    """Per-generation choice of the next round's tree (None = a plain step, no drafting)."""
+    """Per-generation choice of the next round's tree (None = a plain step, no drafting).
+
+    Two estimates of a shape's tokens per round, blended as the second accumulates:
+    - a model: per depth, how often the head's first guess is the target's token, and how
+      often, once the first guess failed, the next one holds it (the tail ratio, from the rank
+      of every accepted or rejected sibling), so that width is priced from what second and
+      third guesses actually buy;
+    - the shape's own replays (replay.py): every verified tree tells what each shape it covers
+      would have accepted on the same text.
+    Every SCOUT_EVERY rounds the policy verifies the cheapest shape covering its choice, wider
+    and deeper by turns, so that bigger shapes get measured too; a scout still accepts at least
+    what the choice would have, so looking costs only its extra verification time."""
 
     costs: CostModel
     ladder: tuple[TreeConfig, ...] = LADDER  # SAMPLED_LADDER for temperature > 0
-    rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)
-    current_width: float = 2.0  # nodes per level of the tree the rates were measured on
+    rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)  # first-guess hits
+    tail: tuple[float, float] = (PRIOR_TAIL, 1.0)  # fading counts past the first guess:
+    # guesses that were wrong, guesses tried; their ratio = chance the next guess fails too
+    # Per shape, over the rounds that replayed it (fading sums, so they follow the text): its
+    # tokens, the tokens of the one-draft shape on the same rounds, and the rounds counted.
+    # Paired with the same rounds, the ratio of the two sums compares shapes on the same text.
+    measured: dict[TreeConfig, tuple[float, float, float]] = field(default_factory=dict)
+    reference_tokens: float = 1.0 + PRIOR_RATE  # tokens/round of the one-draft shape, lately
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
+    rounds_since_scout: int = 0
+    scouts: int = 0
     _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
 
     def __post_init__(self) -> None:
@@ -156,13 +256,18 @@ class TreePolicy:
         rather than carrying the old reply's back-off into it."""
         self.plain_steps = self.probe_gap
 
+    # ---- choosing ------------------------------------------------------------------------
     def choose(self) -> TreeConfig | None:
         if self._best is _UNKNOWN:  # estimates changed since the last choice
-            self._best = self._best_tree()
+            self._best = self.best_tree()
         best = self._best
         if best is not None:
             self.plain_steps = 0
             self.probe_gap = FIRST_PROBE_AFTER
+            self.rounds_since_scout += 1
+            if self.rounds_since_scout >= SCOUT_EVERY:
+                self.rounds_since_scout = 0
+                return self.scout(best)
             return best
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:  # look again: the text may have become easy
@@ -171,7 +276,8 @@ class TreePolicy:
             return self.ladder[0]
         return None
 
-    def _best_tree(self) -> TreeConfig | None:
+    def best_tree(self) -> TreeConfig | None:
+        """The shape with the most expected tokens per second (None: a plain step)."""
         best, best_speed = None, 1.0 / self.costs.round_s(None)
         for tree in self.ladder:
             speed = self.expected_tokens(tree) / self.costs.round_s(tree)
@@ -179,28 +285,121 @@ class TreePolicy:
                 best, best_speed = tree, speed
         return best
 
+    def scout(self, best: TreeConfig) -> TreeConfig:
+        """The cheapest other shape that covers ``best``: wider and deeper by turns (a chain's
+        replays say nothing about second guesses, a shallow tree's nothing about depth)."""
+        bigger = [t for t in self.ladder if t != best and covers(t, best)]
+        if not bigger:
+            return best
+        self.scouts += 1
+        if self.scouts % 2:
+            turn = [t for t in bigger if t.top_k > best.top_k]
+        else:
+            turn = [t for t in bigger if t.depth > best.depth]
+        return min(turn or bigger, key=lambda t: (self.costs.round_s(t), -t.top_k, -t.total_tokens))
+
     def expected_tokens(self, tree: TreeConfig) -> float:
-        width = (tree.total_tokens - 1) / tree.depth
+        """The model's estimate, overruled by the shape's own replays as they add up (one lucky
+        or unlucky round must not decide)."""
+        modelled = self.modelled_tokens(tree)
+        tokens, reference, weight = self.measured.get(tree, (0.0, 1.0, 0.0))
+        replayed = self.reference_tokens * tokens / reference
+        return (weight * replayed + MODEL_WEIGHT * modelled) / (weight + MODEL_WEIGHT)
+
+    def modelled_tokens(self, tree: TreeConfig) -> float:
+        """1 + sum over depths of the chance that every level so far held the target's token
+        among the guesses a node of this shape gets (about (N - 1) / D of them, at most K)."""
+        guesses = max(1.0, min(float(tree.top_k), (tree.total_tokens - 1) / tree.depth))
+        wrong, tried = self.tail
+        tail = wrong / tried
         total, reach = 1.0, 1.0
         for depth in range(tree.depth):
-            rate = self.rates[min(depth, len(self.rates) - 1)]
-            # More candidates per level catch more of the target's choices, but a head whose
-            # best guess is rarely right gains little from its worse guesses: cap the gain.
-            widened = 1.0 - (1.0 - rate) * (self.current_width / width) ** 0.25
-            reach *= min(max(widened, 0.0), rate + WIDTH_GAIN_CAP, 0.99)
+            first = self.rates[min(depth, len(self.rates) - 1)]
+            reach *= min(1.0 - (1.0 - first) * tail ** (guesses - 1.0), 0.99)
             total += reach
         return total
 
-    def observe(self, tree: TreeConfig, accepted: int) -> None:
-        """Update the conditional acceptance rate of every depth this round could reach."""
+    # ---- learning ------------------------------------------------------------------------
+    def observe_verified(self, shape: TreeConfig, tree: DraftTree, acceptance: Acceptance) -> None:
+        """Learn from a verified round: replays of the shapes it covers and, per level, the
+        rank of the guess that held the target's token (or how many guesses all failed)."""
+        replayed, outcomes = None, None
+        if tree.ranks is not None and acceptance.correct is not None:
+            shapes = self.covered_shapes(shape)
+            replayed = dict(zip(shapes, replay_accepted(tree, acceptance.correct, shapes)))
+            outcomes = rank_outcomes(tree, acceptance)
+        self.observe(shape, acceptance.num_accepted_drafts, replayed, outcomes)
+
+    def observe(
+        self,
+        tree: TreeConfig,
+        accepted: int,
+        replayed: dict[TreeConfig, int] | None = None,
+        outcomes: list[tuple[int | None, int]] | None = None,
+    ) -> None:
+        """Learn from ``accepted`` drafts of ``tree``, what each covered shape would have
+        accepted (``replayed``; a chain's prefixes are known exactly) and, per reached level,
+        (rank of the accepted guess or None, guesses tried) (``outcomes``; default: a chain)."""
         self._best = _UNKNOWN
-        for depth in range(min(tree.depth, accepted + 1)):
-            hit = 1.0 if depth < accepted else 0.0
-            if depth < len(self.rates):
-                self.rates[depth] += EMA * (hit - self.rates[depth])
-        if accepted >= tree.depth:  # the whole depth was accepted: deeper may well pay too
+        if replayed is None:
+            replayed = self.chain_replay(tree, accepted) if tree.top_k == 1 else {tree: accepted}
+        reference = 1.0 + min(accepted, 1)  # what one draft would have given this round
+        fade = 1.0 - 1.0 / REPLAY_WINDOW
+        for shape, drafts in replayed.items():
+            tokens, ref_sum, weight = self.measured.get(shape, (0.0, 0.0, 0.0))
+            self.measured[shape] = (
+                fade * tokens + 1.0 + drafts, fade * ref_sum + reference, fade * weight + 1.0
+            )  # fmt: skip
+        self.reference_tokens += EMA * (reference - self.reference_tokens)
+        if outcomes is None:
+            outcomes = [(0, 1)] * min(accepted, tree.depth)
+            outcomes += [(None, 1)] if accepted < tree.depth else []
+        self._observe_ranks(outcomes, deepest=accepted >= tree.depth, depth=tree.depth)
+
+    def chain_replay(self, tree: TreeConfig, accepted: int) -> dict[TreeConfig, int]:
+        """A chain's shorter prefixes accept exactly the first drafts it accepted."""
+        return {
+            shape: min(accepted, shape.depth)
+            for shape in self.ladder
+            if shape.top_k == 1 and covers(tree, shape)
+        }
+
+    def covered_shapes(self, tree: TreeConfig) -> list[TreeConfig]:
+        """The shapes whose outcome a verification of ``tree`` tells (itself included)."""
+        return [shape for shape in self.ladder if covers(tree, shape)] or [tree]
+
+    def _observe_ranks(
+        self, outcomes: list[tuple[int | None, int]], deepest: bool, depth: int
+    ) -> None:
+        wrong, tried = self.tail
+        fade = 1.0 - EMA
+        for level, (rank, guesses) in enumerate(outcomes):
+            if level < len(self.rates):
+                hit = 1.0 if rank == 0 else 0.0
+                self.rates[level] += EMA * (hit - self.rates[level])
+            # past the first guess: guesses 1..rank were tried, all but the last wrong; or all
+            # the level's guesses were tried and wrong
+            extra = guesses - 1 if rank is None else rank
+            if extra > 0:
+                wrong = fade * wrong + (extra if rank is None else extra - 1)
+                tried = fade * tried + extra
+        self.tail = (wrong, tried)
+        if deepest:  # the whole depth was accepted: deeper may well pay too
             self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon
-            deepest = self.rates[min(tree.depth, len(self.rates)) - 1]
-            for depth in range(tree.depth, len(self.rates)):
-                self.rates[depth] = max(self.rates[depth], deepest)
-        self.current_width = (tree.total_tokens - 1) / tree.depth
+            top = self.rates[min(depth, len(self.rates)) - 1]
+            for level in range(depth, len(self.rates)):
+                self.rates[level] = max(self.rates[level], top)
+
+
+def rank_outcomes(tree: DraftTree, acceptance: Acceptance) -> list[tuple[int | None, int]]:
+    """Per level of the accepted path: the sibling rank of the accepted node (None if none was)
+    and how many guesses that level held."""
+    children = tree.children()
+    ranks = tree.ranks.tolist()
+    outcomes, node = [], 0
+    for accepted in acceptance.accepted_nodes:
+        outcomes.append((ranks[accepted], len(children[node])))
+        node = accepted
+    if children[node]:
+        outcomes.append((None, len(children[node])))
+    return outcomes

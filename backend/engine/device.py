@@ -1,8 +1,11 @@
-"""The one place that knows about accelerator synchronisation (for honest timings)."""
+"""The one place that knows about accelerator synchronisation (for honest timings) and names
+the hardware that timings were taken on."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -18,3 +21,17 @@ def now(device: torch.device) -> float:
     """Wall time after the device has finished the queued work."""
     device_sync(device)
     return time.perf_counter()
+
+
+def hardware_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model and core count (timings only carry over on the same)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model or device.type}, {os.cpu_count()} cores"

@@ -17,6 +17,7 @@ then cost no head work at all, and the head catches up in one batched forward la
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import torch
@@ -135,6 +136,7 @@ class EagleDrafter:
         width = min(config.top_k, root_logp.numel())
         first = root_logp.topk(width)
         cand_tokens, cand_scores = [first.indices], [first.values]
+        cand_ranks = [torch.arange(width, device=self.device)]
         cand_parents = [torch.full((width,), -1, device=self.device)]
         cand_depths = [torch.ones(width, dtype=torch.long, device=self.device)]
         frontier = torch.arange(width, device=self.device)  # global candidate indices
@@ -151,6 +153,7 @@ class EagleDrafter:
             scores = (frontier_scores[:, None] + top.values).flatten()  # [F*k]
             cand_tokens.append(top.indices.flatten())
             cand_scores.append(scores)
+            cand_ranks.append(torch.arange(width, device=self.device).repeat(frontier.numel()))
             cand_parents.append(frontier.repeat_interleave(width))
             cand_depths.append(torch.full_like(scores, depth + 1, dtype=torch.long))
             best = scores.topk(width).indices  # next frontier among F*k children
@@ -166,13 +169,19 @@ class EagleDrafter:
         # always kept when its child is (a child's score never exceeds its parent's).
         order = torch.sort(scores, descending=True, stable=True).indices
         chosen = order[: config.total_tokens - 1].sort().values
-        return self._assemble(
+        tree = self._assemble(
             root_token,
             torch.cat(cand_tokens)[chosen],
             torch.cat(cand_parents)[chosen],
             torch.cat(cand_depths)[chosen],
             chosen,
             num_candidates,
+        )
+        zero = torch.zeros(1, device=self.device)
+        return dataclasses.replace(
+            tree,
+            ranks=torch.cat([zero.long(), torch.cat(cand_ranks)[chosen]]),
+            scores=torch.cat([zero, scores[chosen].float()]),
         )
 
     def _propose_sampled(

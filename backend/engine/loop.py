@@ -140,14 +140,17 @@ def generate(
             root = acceptance.bonus_token_id
         t3 = now(device)
         if policy is not None and tree_config is not None:
-            policy.observe(tree_config, acceptance.num_accepted_drafts)
+            policy.observe_verified(tree_config, tree, acceptance)
         accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
         stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
+        shape = tree_config.label() if tree_config is not None and tree.size > 1 else "plain"
+        stats.tree_shapes[shape] += 1
         # 6. emit the round
-        yield _round_event(
+        event = _round_event(
             request_id, round_index, tokens, spans, accepted_shown, tree.size,
             t1 - t0, t2 - t1, t3 - t2, t3 - start,
         )  # fmt: skip
+        yield dataclasses.replace(event, tree_shape=shape)
 
     total = now(device) - start
     text = reply.text() if reply is not None else ""

@@ -5,6 +5,7 @@ Definitions (acceptance length, tau) live in backend/events.py and are applied h
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from backend.engine.autotune import CostModel
@@ -18,6 +19,7 @@ class SpecStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
+    tree_shapes: Counter[str] = field(default_factory=Counter)  # rounds per verified shape
 
     def add_round(
         self, accepted_drafts: int, emitted: int, tree_size: int, draft_s: float, verify_s: float
@@ -71,6 +73,7 @@ class SpecStats:
             text=text,
             token_ids=tuple(new_token_ids),
             hint=hint,
+            tree_shapes=tuple(self.tree_shapes.most_common()),
         )
 
 

@@ -32,6 +32,10 @@ class DraftTree:
     # were drawn from, over the columns' target ids. None = deterministic (top-k) drafts.
     proposal_probs: torch.Tensor | None = None  # [N, Vd] float
     proposal_ids: torch.Tensor | None = None  # [Vd] long, target id of each column
+    # Top-k trees only: each node's rank among its parent's candidates (0 = the head's best)
+    # and its cumulative draft log-prob; the tuner replays smaller shapes from them (replay.py).
+    ranks: torch.Tensor | None = None  # [N] long, 0 for the root
+    scores: torch.Tensor | None = None  # [N] float, 0 for the root
 
     @property
     def size(self) -> int:

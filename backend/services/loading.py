@@ -14,6 +14,7 @@ Loading is a generator of ``Progress`` events that returns the ``LoadedPair``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,12 +24,20 @@ import torch
 
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
-from backend.engine.autotune import CostModel, TreePolicy, measure_costs
+from backend.engine.autotune import (
+    CostModel,
+    TreePolicy,
+    calibrate,
+    calibration_steps,
+    measure_costs,
+)
 from backend.engine.drafter import EagleDrafter
+from backend.engine.readout import speed_up_readout, uses_rows_first
 from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
+from backend.services import calibration_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import local_source, locate
@@ -58,10 +67,13 @@ class LoadedPair:
     stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
     prompt_format: str = "auto"  # see backend/services/prompting.py
     costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
+    calibration_s: float = 0.0  # time spent measuring them at load (0 when read from disk)
+    fast_readout: bool = False  # the output projection uses the rows-first CPU form
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
 
     def tree_costs(self) -> CostModel | None:
-        """Costs the tree auto-tuner needs, timed on first use and kept with the pair."""
+        """Costs the tree auto-tuner needs: measured (or read from the cache) at load; timed
+        here only for a pair built by hand, without ``load_steps``."""
         if self.costs is None and self.drafter is not None:
             self.costs = measure_costs(self.runner, self.drafter)
         return self.costs
@@ -167,6 +179,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
+    choice = {"auto": None, "stock": False, "rows-first": True}[config.readout]
+    fast_readout = speed_up_readout(model, force=choice)
     head, drafter = prepared.head, None
     if head is not None:
         head, drafter = bind_head(model, head, dtype)
@@ -175,9 +189,30 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
+        costs, calibration_s = yield from calibrate_pair(prepared, runner, drafter, dtype_name)
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
-    info = PairInfo(
+    info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
+    yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
+    logger.info("loaded %s", info)
+    return LoadedPair(
+        model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
+        eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
+        head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
+        costs=costs, calibration_s=calibration_s, fast_readout=fast_readout,
+    )  # fmt: skip
+
+
+def pair_info(
+    config: LoadConfig,
+    model: Any,
+    head: DraftHead | None,
+    runner: TargetRunner,
+    dtype_name: str,
+    prompt_format: str,
+) -> PairInfo:
+    """What the UI and the CLI show about a loaded pair."""
+    return PairInfo(
         target=config.target,
         head=config.head,
         head_kind=head.kind.value if head is not None else None,
@@ -188,15 +223,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         parameters=int(model.num_parameters()),
         vocab_size=int(runner.vocab_size),
         max_context=int(runner.max_positions),
-        prompt_format=format_label(prompt_format),
+        prompt_format=prompt_format,
     )
-    yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
-    logger.info("loaded %s", info)
-    return LoadedPair(
-        model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
-        head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
-    )  # fmt: skip
 
 
 def bind_head(model, head: DraftHead, dtype: torch.dtype) -> tuple[DraftHead, EagleDrafter]:
@@ -234,6 +262,38 @@ def drain(
             return done.value
         if on_progress is not None:
             on_progress(event)
+
+
+def calibrate_pair(
+    prepared: PreparedLoad, runner: TargetRunner, drafter: EagleDrafter | None, dtype_name: str
+) -> Generator[Progress, None, tuple[CostModel | None, float]]:
+    """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
+    on-disk cache when this pair was timed on this machine before, else measured with progress.
+    Returns the costs and the seconds spent measuring (0 when cached)."""
+    if drafter is None:
+        return None, 0.0
+    key = calibration_cache.calibration_key(
+        prepared.target_path, prepared.head_path, runner.device, dtype_name,
+        prepared.config.quantization, uses_rows_first(runner.model),
+    )  # fmt: skip
+    costs = calibration_cache.load_costs(key)
+    if costs is not None:
+        yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
+        return costs, 0.0
+    total = calibration_steps(has_drafter=True)
+    message = "timing tree verification for the auto-tuner (once per model and machine)"
+    start = time.perf_counter()
+    steps = calibrate(runner, drafter)
+    while True:
+        try:
+            done = next(steps)
+        except StopIteration as finished:
+            costs = finished.value
+            break
+        yield Progress("calibrate", done, total, "steps", message)
+    seconds = time.perf_counter() - start
+    calibration_cache.save_costs(key, costs)
+    return costs, seconds
 
 
 @torch.inference_mode()

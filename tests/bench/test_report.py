@@ -8,8 +8,15 @@ import json
 import pytest
 
 from backend.bench.prompts import BenchPrompt, load_prompts
-from backend.bench.report import summarize, to_markdown, write_reports
-from backend.bench.runner import BenchResult, MethodRun, PromptResult, median_run, run_bench
+from backend.bench.report import speedup_per_seed, summarize, to_markdown, write_reports
+from backend.bench.runner import (
+    BenchResult,
+    BenchSpec,
+    MethodRun,
+    PromptResult,
+    median_run,
+    run_bench,
+)
 from backend.config import LoadConfig, TreeConfig
 from backend.errors import InputError
 from backend.services.loading import load_pair
@@ -71,21 +78,21 @@ def easy_pair_on_disk(tmp_path):
 def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
     pair = easy_pair_on_disk(tmp_path)
     prompts = load_prompts(limit=2)
-    result = run_bench(
-        pair,
-        prompts,
-        max_new_tokens=24,
-        temperature=0.0,
-        tree=TreeConfig(total_tokens=8, depth=4, top_k=2),
-    )
+    spec = BenchSpec(max_new_tokens=24, tree=TreeConfig(total_tokens=8, depth=4, top_k=2))
+    result = run_bench(pair, prompts, spec)
     summary = write_reports(result, tmp_path / "out", "cmd")
     assert summary["eagle"].identical == 2  # greedy EAGLE == vanilla on every prompt
     assert summary["prompt_lookup"].identical == 2
+    assert summary["generate"].identical == 2  # our plain loop == the library's greedy loop
+    assert summary["generate"].tau is None
+    assert result.settings["peak_rss_bytes"] > 0
     assert summary["eagle"].tau > 1.5
     data = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert set(data["summary"]) == {"vanilla", "eagle", "prompt_lookup"}
+    assert set(data["summary"]) == {"vanilla", "eagle", "generate", "prompt_lookup"}
     assert (tmp_path / "out" / "speed.png").stat().st_size > 1000
-    assert "Acceptance per draft depth" in (tmp_path / "out" / "summary.md").read_text()
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "Acceptance per draft depth" in markdown
+    assert "Trees verified by EAGLE (share of rounds): 8/4/2 100%" in markdown
 
 
 def test_repeats_keep_the_median_run_by_time_per_token() -> None:
@@ -101,11 +108,29 @@ def test_repeats_keep_the_median_run_by_time_per_token() -> None:
 def test_repeated_bench_interleaves_and_records_repeats(tmp_path) -> None:
     pair = easy_pair_on_disk(tmp_path)
     order = []
-    result = run_bench(
-        pair, load_prompts(limit=1), max_new_tokens=8, temperature=0.0,
-        tree=TreeConfig(total_tokens=4, depth=3, top_k=1), methods=("vanilla", "eagle"),
-        progress=lambda index, total, method: order.append(method), repeats=3,
-    )  # fmt: skip
+    spec = BenchSpec(max_new_tokens=8, tree=TreeConfig(total_tokens=4, depth=3, top_k=1),
+                     methods=("vanilla", "eagle"), repeats=3)  # fmt: skip
+    result = run_bench(pair, load_prompts(limit=1), spec,
+                       progress=lambda index, total, method: order.append(method))  # fmt: skip
     assert order == ["vanilla", "eagle"] * 3
     assert result.settings["repeats"] == 3
     assert "run 3x per method" in to_markdown(result, summarize(result), "cmd")
+
+
+def test_sampling_runs_the_prompt_set_once_per_seed_and_reports_each(tmp_path) -> None:
+    pair = easy_pair_on_disk(tmp_path)
+    spec = BenchSpec(max_new_tokens=8, temperature=1.0, methods=("vanilla", "eagle"), seeds=3,
+                     tree=TreeConfig(total_tokens=4, depth=3, top_k=1))  # fmt: skip
+    result = run_bench(pair, load_prompts(limit=2), spec)
+    assert [p.seed for p in result.prompts] == [0, 0, 1, 1, 2, 2]
+    assert result.settings["seeds"] == 3
+    per_seed = speedup_per_seed(result)
+    assert len(per_seed) == 3 and all(x > 0 for x in per_seed)
+    assert "per seed (3 seeds)" in to_markdown(result, summarize(result), "cmd")
+
+
+def test_greedy_runs_ignore_seeds(tmp_path) -> None:
+    pair = easy_pair_on_disk(tmp_path)
+    spec = BenchSpec(max_new_tokens=4, methods=("vanilla",), seeds=3)
+    result = run_bench(pair, load_prompts(limit=1), spec)
+    assert len(result.prompts) == 1 and result.settings["seeds"] == 1

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from backend.config import TreeConfig
-from backend.engine.autotune import FIRST_PROBE_AFTER, LADDER, MEASURED_SIZES, CostModel, TreePolicy
+from backend.engine.autotune import (
+    FIRST_PROBE_AFTER,
+    LADDER,
+    MEASURED_SIZES,
+    SCOUT_EVERY,
+    CostModel,
+    TreePolicy,
+)
+from backend.engine.replay import covers
 from tests.engine.helpers import make_runner, run
 from tests.factories import easy_llama_pair, tiny_head, tiny_target
 
@@ -14,24 +24,27 @@ CPU_LIKE = CostModel({n: 0.005 * (1 + 0.25 * (n - 1)) for n in MEASURED_SIZES}, 
 
 
 def trained(policy: TreePolicy, accept_rate: float, rounds: int = 40) -> TreePolicy:
-    """Feed rounds in which each depth is accepted with probability ``accept_rate``."""
+    """Feed rounds in which each depth is accepted with probability ``accept_rate`` whatever
+    the width (so every shape the verified one covers accepts the same drafts, up to its depth)."""
     rng = random.Random(0)
     for _ in range(rounds):
         tree = policy.choose() or LADDER[0]
         accepted = 0
         while accepted < tree.depth and rng.random() < accept_rate:
             accepted += 1
-        policy.observe(tree, accepted)
+        replayed = {s: min(accepted, s.depth) for s in policy.covered_shapes(tree)}
+        policy.observe(tree, accepted, replayed)
     return policy
 
 
 def test_flat_gpu_costs_and_good_drafts_pick_a_large_tree() -> None:
-    tree = trained(TreePolicy(GPU_LIKE), 0.9).choose()
+    # shapes are compared by their own replayed rounds, so this takes a few replies' worth
+    tree = trained(TreePolicy(GPU_LIKE), 0.9, rounds=160).best_tree()
     assert tree is not None and tree.total_tokens >= 24
 
 
 def test_steep_cpu_costs_pick_a_small_tree() -> None:
-    tree = trained(TreePolicy(CPU_LIKE), 0.9).choose()
+    tree = trained(TreePolicy(CPU_LIKE), 0.9).best_tree()
     assert tree is not None and tree.total_tokens <= 12
 
 
@@ -102,10 +115,10 @@ def test_cheap_chain_steps_make_chains_win_when_branching_costs_more() -> None:
     chain, tree = TreeConfig(6, 5, 1), TreeConfig(6, 3, 2)
     assert costs.round_s(chain) == costs.verify(6) + 5 * 0.0004
     assert costs.round_s(tree) == costs.verify(6) + 3 * 0.0015
-    cheap = trained(TreePolicy(costs), 0.85).choose()
+    cheap = trained(TreePolicy(costs), 0.85).best_tree()
     assert cheap is not None and cheap.top_k == 1
     dear = CostModel(CPU_LIKE.verify_s, draft_step_s=0.0015, chain_step_s=0.0015)
-    costly = trained(TreePolicy(dear), 0.85).choose()
+    costly = trained(TreePolicy(dear), 0.85).best_tree()
     assert costly is None or costly.depth <= cheap.depth  # dearer steps never draft deeper
 
 
@@ -115,8 +128,8 @@ def test_sampled_policy_only_considers_chains() -> None:
     from backend.engine.autotune import SAMPLED_LADDER
 
     assert all(t.top_k == 1 and t.total_tokens == t.depth + 1 for t in SAMPLED_LADDER)
-    deep = trained(TreePolicy(GPU_LIKE, ladder=SAMPLED_LADDER), 0.95).choose()
-    shallow = trained(TreePolicy(CPU_LIKE, ladder=SAMPLED_LADDER), 0.6).choose()
+    deep = trained(TreePolicy(GPU_LIKE, ladder=SAMPLED_LADDER), 0.95).best_tree()
+    shallow = trained(TreePolicy(CPU_LIKE, ladder=SAMPLED_LADDER), 0.6).best_tree()
     assert deep is not None and deep in SAMPLED_LADDER and deep.depth >= 6
     assert shallow is None or shallow.depth < deep.depth
 
@@ -130,3 +143,97 @@ def test_a_new_request_probes_at_once_after_a_back_off() -> None:
     assert policy.choose() == LADDER[0]  # the new prompt gets a probe on its first round
     policy.observe(LADDER[0], 0)
     assert policy.choose() is None  # a failed probe keeps the back-off
+
+
+def ranked_world_round(rng: random.Random, rank_odds: float) -> list[int]:
+    """One round of a head whose guess list holds the target's token at rank r with
+    probability (1 - rank_odds) * rank_odds**r, independently per depth (ranks per depth)."""
+    ranks = []
+    for _ in range(8):
+        rank = 0
+        while rng.random() < rank_odds:
+            rank += 1
+        ranks.append(rank)
+    return ranks
+
+
+def guesses(shape: TreeConfig) -> int:
+    """Guesses per level along a path: at most K, and the shape's nodes spread over its depth."""
+    return max(1, min(shape.top_k, (shape.total_tokens - 1) // shape.depth))
+
+
+def accepted_in(shape: TreeConfig, ranks: list[int]) -> int:
+    drafts = 0
+    while drafts < shape.depth and ranks[drafts] < guesses(shape):
+        drafts += 1
+    return drafts
+
+
+def true_speed(shape: TreeConfig | None, costs: CostModel, rank_odds: float) -> float:
+    if shape is None:
+        return 1.0 / costs.round_s(None)
+    hit = 1.0 - rank_odds ** guesses(shape)
+    tokens = 1.0 + sum(hit**d for d in range(1, shape.depth + 1))
+    return tokens / costs.round_s(shape)
+
+
+def ranked_world(policy: TreePolicy, rank_odds: float, rounds: int, seed: int = 1) -> None:
+    """Feed rounds of the ranked world: each shape accepts what its guesses per level hold;
+    the policy also sees the replays of covered shapes and the rank outcome per level."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        shape = policy.choose() or LADDER[0]
+        ranks = ranked_world_round(rng, rank_odds)
+        accepted, width = accepted_in(shape, ranks), guesses(shape)
+        outcomes = [(ranks[d], width) for d in range(accepted)]
+        outcomes += [(None, width)] if accepted < shape.depth else []
+        replayed = {s: accepted_in(s, ranks) for s in policy.covered_shapes(shape)}
+        policy.observe(shape, accepted, replayed, outcomes)
+
+
+@pytest.mark.parametrize("rank_odds", [0.3, 0.5, 0.7])
+@pytest.mark.parametrize("costs", [CPU_LIKE, GPU_LIKE], ids=["cpu", "gpu"])
+def test_the_policy_settles_within_5_percent_of_the_best_shape(costs, rank_odds) -> None:
+    """Heads of every quality (first guess right 70%, 50%, 30% of the time; later guesses
+    right as often), on steep and flat costs: after a few replies' worth of rounds the chosen
+    shape is within 5% of the best shape (or plain decoding) of this world."""
+    policy = TreePolicy(costs)
+    ranked_world(policy, rank_odds, rounds=200)
+    best = max(true_speed(s, costs, rank_odds) for s in (*LADDER, None))
+    chosen = policy.best_tree()
+    assert true_speed(chosen, costs, rank_odds) >= 0.95 * best, chosen
+
+
+def test_rank_outcomes_price_width() -> None:
+    """A head whose second and third guesses are often right makes wide shapes look better
+    than a head whose later guesses are rarely right, at the same first-guess rate."""
+    often, rarely = TreePolicy(CPU_LIKE), TreePolicy(CPU_LIKE)
+    for _ in range(60):
+        often.observe(TreeConfig(16, 5, 4), 1, outcomes=[(1, 4), (None, 4)])
+        rarely.observe(TreeConfig(16, 5, 4), 1, outcomes=[(0, 4), (None, 4)])
+    wide, narrow = TreeConfig(16, 5, 10), TreeConfig(6, 5, 1)
+    assert often.tail[0] / often.tail[1] < rarely.tail[0] / rarely.tail[1]
+    gain_often = often.modelled_tokens(wide) / often.modelled_tokens(narrow)
+    gain_rarely = rarely.modelled_tokens(wide) / rarely.modelled_tokens(narrow)
+    assert gain_often > gain_rarely
+
+
+def test_scouting_verifies_a_covering_shape_now_and_then() -> None:
+    policy = trained(TreePolicy(CPU_LIKE), 0.7)
+    best = policy.best_tree()
+    picks = [policy.choose() for _ in range(2 * SCOUT_EVERY)]
+    scouts = [p for p in picks if p != best]
+    assert len(scouts) == 2 and all(covers(s, best) for s in scouts)
+
+
+def test_the_summary_and_each_round_name_the_verified_shapes() -> None:
+    target, head = easy_llama_pair()
+    runner, drafter = make_runner(target, head)
+    summary, rounds = run(runner, drafter, [1, 2, 3, 4], mode="eagle", max_new_tokens=60,
+                          tree=TreeConfig(auto=True), costs=CPU_LIKE)  # fmt: skip
+    shapes = [r.tree_shape for r in rounds[1:]]
+    assert all(shapes)
+    assert dict(summary.tree_shapes) == {s: shapes.count(s) for s in set(shapes)}
+    assert sum(n for _, n in summary.tree_shapes) == summary.rounds
+    labels = {t.label() for t in LADDER} | {"plain"}
+    assert set(shapes) <= labels

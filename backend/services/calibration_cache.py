@@ -1,0 +1,98 @@
+"""Measured device costs kept on disk, so a second launch of the same pair skips calibration.
+
+A cost model is only valid for the weights, device, dtype, quantization and thread count it
+was timed with, so all of them (plus the torch version and the cost format) go into the key.
+Files are small JSON documents under ``$EAGLECHAT_CACHE_DIR/calibration`` (default
+``~/.cache/eaglechat``); a damaged or unreadable entry is ignored and measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from backend.engine.autotune import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
+from backend.engine.device import hardware_name
+
+logger = logging.getLogger(__name__)
+
+COST_FORMAT = 2  # bump when what calibrate() measures changes
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("EAGLECHAT_CACHE_DIR") or Path.home() / ".cache" / "eaglechat"
+    return Path(root) / "calibration"
+
+
+def files_fingerprint(path: str | None) -> list[tuple[str, int, int]]:
+    """Name, size and modification time of the weight and config files at ``path``."""
+    if path is None:
+        return []
+    location = Path(path)
+    files = [location] if location.is_file() else sorted(location.glob("*"))
+    return [
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+        for f in files
+        if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES)
+    ]
+
+
+def calibration_key(
+    target_path: str,
+    head_path: str | None,
+    device: torch.device,
+    dtype: str,
+    quantization: str,
+    readout: bool = False,
+) -> dict:
+    """Everything a measured cost depends on, as a JSON-ready dict."""
+    return {
+        "format": COST_FORMAT,
+        "target": [str(Path(target_path).resolve()), files_fingerprint(target_path)],
+        "head": [head_path and str(Path(head_path).resolve()), files_fingerprint(head_path)],
+        "device": hardware_name(device),
+        "dtype": dtype,
+        "quantization": quantization,
+        "rows_first_readout": readout,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "context": CALIBRATION_CONTEXT,
+        "sizes": list(MEASURED_SIZES),
+    }
+
+
+def _entry(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / f"{digest}.json"
+
+
+def load_costs(key: dict) -> CostModel | None:
+    path = _entry(key)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != json.loads(json.dumps(key)):
+            return None
+        return CostModel.from_json(data["costs"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logger.warning("ignoring the unreadable calibration file %s: %s", path, err)
+        return None
+
+
+def save_costs(key: dict, costs: CostModel) -> None:
+    """Best effort: a read-only or full disk only means calibrating again next time."""
+    path = _entry(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "costs": costs.to_json()}, indent=1))
+        tmp.replace(path)
+    except OSError as err:
+        logger.warning("could not save the calibration to %s: %s", path, err)

@@ -1,0 +1,68 @@
+"""Load-time calibration: what it measures, its progress, and that timing leaves no trace in
+the caches it borrows (no timing thresholds)."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.config import TreeConfig
+from backend.engine import kv
+from backend.engine.autotune import (
+    MEASURED_SIZES,
+    CostModel,
+    calibrate,
+    calibration_steps,
+    measure_costs,
+)
+from tests.engine.helpers import make_runner
+from tests.factories import tiny_head, tiny_target
+
+
+def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    steps = calibrate(runner, drafter, context=16, repeats=1)
+    progress = []
+    while True:
+        try:
+            progress.append(next(steps))
+        except StopIteration as finished:
+            costs = finished.value
+            break
+    assert progress == list(range(1, calibration_steps(has_drafter=True) + 1))
+    assert sorted(costs.verify_s) == sorted(costs.chain_verify_s) == list(MEASURED_SIZES)
+    for table in (costs.verify_s, costs.chain_verify_s):
+        values = [table[n] for n in MEASURED_SIZES]
+        assert all(v > 0 for v in values) and values == sorted(values)
+    assert costs.draft_step_s > 0 and costs.chain_step_s > 0
+
+
+def test_round_cost_uses_the_chain_table_for_chains() -> None:
+    costs = CostModel(
+        verify_s={1: 1.0, 4: 3.0}, chain_verify_s={1: 1.0, 4: 2.0}, draft_step_s=0.5,
+        chain_step_s=0.25,
+    )  # fmt: skip
+    assert costs.round_s(TreeConfig(total_tokens=4, depth=3, top_k=1)) == 2.0 + 3 * 0.25
+    assert costs.round_s(TreeConfig(total_tokens=4, depth=2, top_k=2)) == 3.0 + 2 * 0.5
+    assert costs.verify_ratio(4, chain=True) == 2.0
+    assert CostModel.from_json(costs.to_json()) == costs
+
+
+def test_costs_without_a_chain_table_fall_back_to_the_tree_table() -> None:
+    old = CostModel.from_json({"verify_s": {"1": 1.0, "8": 2.0}, "draft_step_s": 0.1})
+    assert old.verify(8, chain=True) == old.verify(8) == 2.0
+
+
+def test_calibration_leaves_the_model_usable_for_an_identical_generation() -> None:
+    """Timing runs cut the borrowed cache back after every forward; the engine's own outputs
+    afterwards are the same as before calibrating."""
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    prompt = torch.arange(5, 21)
+    cache = runner.new_cache()
+    before = runner.prefill(prompt, cache, with_features=False).logits[-1]
+    measure_costs(runner, drafter, context=8, repeats=1)
+    cache = runner.new_cache()
+    after = runner.prefill(prompt, cache, with_features=False).logits[-1]
+    assert torch.equal(before, after)
+    assert kv.cache_length(cache) == prompt.numel()
