@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from backend.bench.prompts import load_prompts
-from backend.bench.report import LABELS, write_reports
+from backend.bench.report import label, write_reports
 from backend.bench.runner import METHODS, BenchSpec, run_bench
 from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--readout", choices=["auto", "stock", "rows-first"], default="auto",
         help="CPU output projection over several rows: timed at load (auto) or forced, for A/B",
     )  # fmt: skip
+    parser.add_argument(
+        "--compare-trees", nargs="+", default=[], metavar="N/D/K",
+        help="also run EAGLE with these fixed trees, in the same interleaved run "
+        "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
+    )  # fmt: skip
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
         "--repeats", type=int, default=3,
@@ -61,6 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
     )  # fmt: skip
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def parse_tree(text: str) -> TreeConfig:
+    """``N/D/K`` (total tokens incl. the root, depth, top-k) or ``chainD``."""
+    try:
+        if text.startswith("chain"):
+            depth = int(text.removeprefix("chain"))
+            return TreeConfig(total_tokens=depth + 1, depth=depth, top_k=1)
+        total, depth, top_k = (int(part) for part in text.split("/"))
+        return TreeConfig(total_tokens=total, depth=depth, top_k=top_k)
+    except ValueError as err:
+        raise ConfigError(
+            f"cannot read the tree {text!r}: {err}", hint="write N/D/K or chainD, e.g. 16/5/4"
+        ) from err
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,18 +111,24 @@ def _run(
     dtype = choose_dtype(args.dtype, default_device(), preferred=pair_dtype)
     started = time.perf_counter()
     pair = load_pair(
-        LoadConfig(target=target, head=head, dtype=dtype, prompt_format=prompt_format,  # type: ignore[arg-type]
-                   readout=args.readout)  # fmt: skip
+        LoadConfig(
+            target=target,
+            head=head,
+            dtype=dtype,
+            prompt_format=prompt_format,  # type: ignore[arg-type]
+            readout=args.readout,
+        )  # fmt: skip
     )
     load_s = time.perf_counter() - started - pair.calibration_s
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
     spec = BenchSpec(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, tree=tree,
         methods=methods, repeats=args.repeats, seeds=args.seeds,
+        compare_trees=tuple(parse_tree(text) for text in args.compare_trees),
     )  # fmt: skip
 
     def progress(index: int, total: int, method: str) -> None:
-        print(f"\r[{index + 1}/{total}] {LABELS[method]:<32}", end="", file=sys.stderr, flush=True)
+        print(f"\r[{index + 1}/{total}] {label(method):<32}", end="", file=sys.stderr, flush=True)
 
     result = run_bench(pair, prompts, spec, progress)
     result.settings["load_s"] = round(load_s, 2)

@@ -21,6 +21,7 @@ LABELS = {
     "generate": "model.generate() (transformers)",
     "prompt_lookup": "prompt lookup (transformers)",
 }
+_COLOURS = {"vanilla": "#888", "eagle": "#2a7", "generate": "#aaa", "prompt_lookup": "#58c"}
 _NO_ROUNDS = ("generate", "prompt_lookup")  # the library's loops: no rounds to count
 
 
@@ -55,6 +56,24 @@ def _accept_per_depth(runs: list[MethodRun]) -> tuple[float, ...]:
     )
 
 
+def label(method: str) -> str:
+    """Display name of a method; ``eagle@SHAPE`` rows are EAGLE with that fixed tree."""
+    if method.startswith("eagle@"):
+        return f"EAGLE, fixed tree {method.removeprefix('eagle@')}"
+    return LABELS[method]
+
+
+def _method_order(method: str) -> tuple[int, int]:
+    """Vanilla, EAGLE, EAGLE's fixed-tree rows, then the library's loops."""
+    base = method.split("@")[0]
+    return (METHODS.index(base), 1 if "@" in method else 0)
+
+
+def best_fixed_tree(summaries: dict[str, MethodSummary]) -> MethodSummary | None:
+    fixed = [m for name, m in summaries.items() if name.startswith("eagle@")]
+    return max(fixed, key=lambda m: m.tokens_per_s) if fixed else None
+
+
 def summarize(result: BenchResult) -> dict[str, MethodSummary]:
     by_method: dict[str, list[MethodRun]] = {}
     vanilla_ids: list[tuple[int, ...]] = []
@@ -64,7 +83,7 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
         vanilla_ids.append(prompt.runs["vanilla"].token_ids if "vanilla" in prompt.runs else ())
     base_tps = None
     summaries = {}
-    for method in [m for m in METHODS if m in by_method]:
+    for method in sorted(by_method, key=_method_order):
         runs = by_method[method]
         tokens = sum(r.new_tokens for r in runs)
         seconds = sum(r.seconds for r in runs)
@@ -141,7 +160,7 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
     for m in summaries.values():
         tau = f"{m.tau:.2f}" if m.tau is not None else "-"
         lines.append(
-            f"| {LABELS[m.method]} | {m.tokens_per_s:.1f} | {m.speedup:.2f}x | {tau} | "
+            f"| {label(m.method)} | {m.tokens_per_s:.1f} | {m.speedup:.2f}x | {tau} | "
             f"{m.identical}/{s['num_prompts']} | {m.ttft_s:.3f} |"
         )
     lines += _run_facts(result)
@@ -168,6 +187,13 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
             lines.append(f"Verify cost relative to one step, by tree size: {shown}; "
                          f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
                          f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain).")  # fmt: skip
+        best = best_fixed_tree(summaries)
+        if best is not None:
+            lines.append(
+                f"EAGLE ({result.settings['tree']}) runs at {eagle.tokens_per_s / best.tokens_per_s:.0%} "
+                f"of the best fixed tree in this run ({label(best.method)}, "
+                f"{best.tokens_per_s:.1f} tok/s)."
+            )
         shapes = shape_shares(result)
         if shapes:
             lines.append("Trees verified by EAGLE (share of rounds): " + ", ".join(
@@ -202,7 +228,7 @@ def _run_facts(result: BenchResult) -> list[str]:
     } if result.prompts else {}  # fmt: skip
     if any(peaks.values()):
         facts.append("device memory peak " + ", ".join(
-            f"{LABELS[m]} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v))  # fmt: skip
+            f"{label(m)} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v))  # fmt: skip
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
     return lines
@@ -215,11 +241,11 @@ def plot(summaries: dict[str, MethodSummary], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    names = [LABELS[m] for m in summaries]
+    names = [label(m) for m in summaries]
     left.bar(
         names,
         [m.tokens_per_s for m in summaries.values()],
-        color=["#888", "#2a7", "#aaa", "#58c"][: len(names)],
+        color=[_COLOURS.get(m.split("@")[0], "#aaa") for m in summaries],
     )
     left.set_ylabel("tokens/s")
     left.set_title("Decoding speed")

@@ -143,6 +143,11 @@ def machine_description(device: torch.device) -> str:
     return f"{hardware_name(device)}, {torch.get_num_threads()} torch threads"
 
 
+def tree_method(tree: TreeConfig) -> str:
+    """The method name of EAGLE with a fixed tree, e.g. ``eagle@16/5/4``."""
+    return f"eagle@{tree.label()}"
+
+
 @dataclass(frozen=True, slots=True)
 class BenchSpec:
     """What one bench run measures (the same for every method)."""
@@ -153,6 +158,21 @@ class BenchSpec:
     methods: tuple[str, ...] = METHODS
     repeats: int = 1  # runs per prompt, method and seed; the median run counts
     seeds: int = 1  # at temperature > 0, the whole prompt set once per seed
+    compare_trees: tuple[TreeConfig, ...] = ()  # more EAGLE rows, one per fixed tree
+
+    def all_methods(self) -> tuple[str, ...]:
+        """The methods in run order: EAGLE's rows for ``compare_trees`` follow its own."""
+        extra = tuple(tree_method(tree) for tree in self.compare_trees)
+        if "eagle" not in self.methods:
+            return self.methods + extra
+        at = self.methods.index("eagle") + 1
+        return self.methods[:at] + extra + self.methods[at:]
+
+    def tree_for(self, method: str) -> TreeConfig:
+        for tree in self.compare_trees:
+            if tree_method(tree) == method:
+                return tree
+        return self.tree
 
     def describe_tree(self) -> str:
         tree = self.tree
@@ -184,14 +204,15 @@ def run_bench(
         for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
             sampling = SamplingConfig(temperature=spec.temperature, seed=seed * 10007 + index)
             result = PromptResult(prompt, seed=seed)
-            runs: dict[str, list[MethodRun]] = {method: [] for method in spec.methods}
+            runs: dict[str, list[MethodRun]] = {method: [] for method in spec.all_methods()}
             for _ in range(max(1, spec.repeats)):
-                for method in spec.methods:
+                for method in runs:
                     if progress is not None:
                         progress(seed * len(prompts) + index, seeds * len(prompts), method)
                     config = GenerationConfig(
-                        mode="eagle" if method == "eagle" else "vanilla", sampling=sampling,
-                        max_new_tokens=spec.max_new_tokens, tree=spec.tree,
+                        mode="eagle" if method.startswith("eagle") else "vanilla",
+                        sampling=sampling, max_new_tokens=spec.max_new_tokens,
+                        tree=spec.tree_for(method),
                     )  # fmt: skip
                     runs[method].append(_measured(method, pair, ids, config, costs))
             result.runs = {method: median_run(done) for method, done in runs.items()}
@@ -237,7 +258,7 @@ def _measured(
         run = run_engine(pair, ids, config, costs)
     if device.type == "cuda":
         run = dataclasses.replace(run, peak_memory_bytes=torch.cuda.max_memory_allocated(device))
-    return run
+    return dataclasses.replace(run, method=method)
 
 
 def peak_rss_bytes() -> int:

@@ -18,7 +18,7 @@ from backend.bench.runner import (
     run_bench,
 )
 from backend.config import LoadConfig, TreeConfig
-from backend.errors import InputError
+from backend.errors import ConfigError, InputError
 from backend.services.loading import load_pair
 from models.checkpoints import save_head
 from tests.factories import easy_llama_pair, tiny_tokenizer
@@ -134,3 +134,29 @@ def test_greedy_runs_ignore_seeds(tmp_path) -> None:
     spec = BenchSpec(max_new_tokens=4, methods=("vanilla",), seeds=3)
     result = run_bench(pair, load_prompts(limit=1), spec)
     assert len(result.prompts) == 1 and result.settings["seeds"] == 1
+
+
+def test_fixed_trees_run_beside_auto_in_the_same_interleaved_run(tmp_path) -> None:
+    from backend.bench.cli import parse_tree
+
+    pair = easy_pair_on_disk(tmp_path)
+    trees = (parse_tree("8/4/2"), parse_tree("chain3"))
+    assert trees[1] == TreeConfig(total_tokens=4, depth=3, top_k=1)
+    order: list[str] = []
+    spec = BenchSpec(max_new_tokens=16, methods=("vanilla", "eagle"), compare_trees=trees)
+    result = run_bench(pair, load_prompts(limit=2), spec,
+                       progress=lambda index, total, method: order.append(method))  # fmt: skip
+    assert order[:4] == ["vanilla", "eagle", "eagle@8/4/2", "eagle@chain 3"]
+    summary = summarize(result)
+    assert list(summary) == ["vanilla", "eagle", "eagle@8/4/2", "eagle@chain 3"]
+    assert all(s.identical == 2 for s in summary.values())  # every tree is exact at T=0
+    assert summary["eagle@chain 3"].tau <= 4.0  # a 3-chain yields at most 4 tokens a round
+    markdown = to_markdown(result, summary, "cmd")
+    assert "EAGLE, fixed tree 8/4/2" in markdown and "of the best fixed tree" in markdown
+
+
+def test_a_malformed_tree_is_a_clear_error() -> None:
+    from backend.bench.cli import parse_tree
+
+    with pytest.raises(ConfigError, match="cannot read the tree"):
+        parse_tree("16/5")
