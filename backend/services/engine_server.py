@@ -169,11 +169,11 @@ def check_installed(spec: ServeSpec) -> None:
 class EngineServer:
     """A running engine server: its process group, log file and health check."""
 
-    def __init__(self, spec: ServeSpec, log_path: Path) -> None:
+    def __init__(self, spec: ServeSpec, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.log_path = log_path
         argv, extra_env = server_command(spec)
-        env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", **extra_env}
+        env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", **(env or {}), **extra_env}
         self._log = log_path.open("w")
         logger.info("starting %s", shell_line(argv, extra_env))
         self.process = subprocess.Popen(
