@@ -295,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
     check_installed(spec)
     log_path = Path(args.log) if args.log else REPO_ROOT / ".cache" / f"serve-{spec.engine}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds like Ctrl+C, so the engine (its own process group) is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = EngineServer(spec, log_path)
     try:
         print(f"starting {spec.engine} (log: {log_path}); this can take minutes…", flush=True)

@@ -40,11 +40,11 @@ PROBE_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 600.0  # a slow engine may take long between chunks; Stop still works
 STOP_REASONS = {"stop": "eos", "length": "max_new_tokens", "cancelled": "cancelled"}
 NO_SPECULATION = (
-    "this server reports no speculation metrics: it was started without a draft model "
+    "This server reports no speculation metrics: it was started without a draft model "
     "(start it with python launch.py serve --engine vllm --pair NAME)"
 )
 METRICS_MISSING = (
-    "this server has no /metrics endpoint, so acceptance cannot be shown "
+    "This server has no /metrics endpoint, so acceptance cannot be shown "
     "(tokens/s is measured here)"
 )
 

@@ -4,12 +4,14 @@ still usable afterwards."""
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from collections.abc import Iterator
 
 import pytest
 
 from app.chat_tab import ERROR_TITLE, ChatController
+from app.main import add_arguments, connect_at_start
 from app.models_tab import REMOTE, ModelsController
 from app.race_tab import RaceController
 from app.render import fold, stats_markdown
@@ -181,3 +183,17 @@ def test_servers_without_numbers_say_why(speculation, metrics, status, shown, as
     history, _, _, numbers, _ = updates[-1]
     assert shown in numbers and history[-1]["content"] == "".join(fake_engine.PIECES)
     assert ("return_token_ids" in engine.requests[-1]) is asks_ids  # vLLM's extension only
+
+
+def test_app_remote_flag_connects_at_start_or_says_why(engine: FakeEngine) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    backend = Backend()
+    config, selected, notice = connect_at_start(
+        backend, parser.parse_args(["--remote", engine.url])
+    )
+    assert (config.target, selected, notice) == (engine.url, REMOTE, "")
+    assert backend.status().loaded.remote == engine.url
+    gone = f"http://127.0.0.1:{free_port()}"
+    _, _, notice = connect_at_start(Backend(), parser.parse_args(["--remote", gone]))
+    assert f"Could not connect to `{gone}`" in notice and "not reachable" in notice
