@@ -177,7 +177,9 @@ class Backend:
         request_id = request_id or _new_id()
         if self.remote is not None:  # the server schedules its own requests: no local queue
             prompt = build_messages(messages, system_prompt)
-            yield from self.remote.stream(prompt, config, cancel, request_id)
+            vanilla = config.mode == "vanilla" and self.remote_baseline is not None
+            server = self.remote_baseline if vanilla else self.remote
+            yield from server.stream(prompt, config, cancel, request_id)  # type: ignore[union-attr]
             return
         yield from self._local_stream(messages, config, system_prompt, raw, cancel, request_id)
 
