@@ -175,11 +175,11 @@ class Backend:
         """One reply, streamed. Waits in the queue first; cancelled while waiting, it ends
         with Started + Finished(stop_reason="cancelled") without touching the model."""
         request_id = request_id or _new_id()
-        if self.remote is not None:  # the server schedules its own requests: no local queue
+        remote, baseline = self.remote, self.remote_baseline
+        if remote is not None:  # the server schedules its own requests: no local queue
+            server = baseline if config.mode == "vanilla" and baseline is not None else remote
             prompt = build_messages(messages, system_prompt)
-            vanilla = config.mode == "vanilla" and self.remote_baseline is not None
-            server = self.remote_baseline if vanilla else self.remote
-            yield from server.stream(prompt, config, cancel, request_id)  # type: ignore[union-attr]
+            yield from server.stream(prompt, config, cancel, request_id)
             return
         yield from self._local_stream(messages, config, system_prompt, raw, cancel, request_id)
 
@@ -225,7 +225,9 @@ class Backend:
         streamed live; ends with RaceFinished (speedup from each lane's own compute time)."""
         request_id = request_id or _new_id()
         if self.remote is not None:
-            yield from self._remote_race(messages, config, system_prompt, cancel, request_id)
+            yield from self._remote_race(
+                self.remote, messages, config, system_prompt, cancel, request_id
+            )
             return
         try:
             self._require_pair()
@@ -284,6 +286,7 @@ class Backend:
     # ---- internals ---------------------------------------------------------------------------
     def _remote_race(
         self,
+        remote: RemoteEngine,
         messages: Sequence[Message],
         config: GenerationConfig,
         system_prompt: str | None,
@@ -292,13 +295,12 @@ class Backend:
     ) -> Iterator[RaceEvent]:
         """The remote engine against its baseline server, or against this machine's vanilla
         decoding of the loaded pair; lanes run one after the other."""
-        remote = self.remote
-        assert remote is not None
         if self.remote_baseline is None and self.pair is None:
             yield GenerationFailed(
                 request_id, "no_baseline", "nothing to race the remote engine against",
                 "start a server without speculation and pass it as the baseline "
-                "(python launch.py app --remote URL --remote-baseline URL), or load a local model",
+                "(python launch.py app --remote URL --remote-baseline URL), or add "
+                "--target/--head to race against this machine's vanilla decoding",
             )  # fmt: skip
             return
         prompt = build_messages(messages, system_prompt)
@@ -309,7 +311,11 @@ class Backend:
         else:
             vanilla = self._local_stream(prompt, vanilla_config, None, False, cancel, lane_id)
         eagle = remote.stream(prompt, config, cancel, f"{request_id}-eagle")
-        yield from racing.one_after_the_other(vanilla, eagle)
+        try:
+            yield from racing.one_after_the_other(vanilla, eagle)
+        except Exception as err:  # the stream must end with an event, whatever happened
+            logger.exception("remote race failed")
+            yield GenerationFailed(request_id, "internal", f"race failed: {err}", "")
 
     def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:
         yield Progress("resolve", 0, 3, "steps", f"locating {config.target}")

@@ -141,6 +141,9 @@ class RemoteEngine:
             yield Finished(request_id, reply.summary(metrics))
         except EagleChatError as err:
             yield GenerationFailed(request_id, err.code, err.message, err.hint)
+        except Exception as err:  # a malformed answer: the stream still ends with an event
+            logger.exception("remote generation failed")
+            yield GenerationFailed(request_id, "internal", f"generation failed: {err}", "")
 
     def _chunks(
         self,

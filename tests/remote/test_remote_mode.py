@@ -134,7 +134,7 @@ def test_race_against_a_baseline_server(engine: FakeEngine) -> None:
 def test_race_without_any_baseline_says_what_to_do(engine: FakeEngine) -> None:
     events = list(connected(engine.url).race(HELLO, GenerationConfig()))
     assert isinstance(events[-1], GenerationFailed) and events[-1].code == "no_baseline"
-    assert "--remote-baseline" in events[-1].hint
+    assert "--remote-baseline" in events[-1].hint and "--target" in events[-1].hint
 
 
 def test_unreachable_server_is_one_clear_message() -> None:
