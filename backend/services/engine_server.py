@@ -12,6 +12,7 @@ starts it, waits until ``/health`` answers and stops it with its worker processe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -144,6 +145,11 @@ def shell_line(argv: list[str], env: dict[str, str]) -> str:
     """The command as one copyable shell line."""
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
     return prefix + shlex.join(argv)
+
+
+def importable_here() -> list[Engine]:
+    """The engines this Python can import (an engine usually lives in its own environment)."""
+    return [engine for engine in ENGINES if importlib.util.find_spec(engine) is not None]
 
 
 def check_installed(spec: ServeSpec) -> None:

