@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("backend.services.generate_cli", "generate one reply from a prompt"),
     "download": ("backend.services.hub_cli", "download a target/head pair from the Hub"),
     "bench": ("backend.bench.cli", "benchmark vanilla vs EAGLE vs prompt lookup"),
+    "serve": ("backend.services.engine_server", "serve a pair with vLLM or SGLang (EAGLE-3 heads)"),
     "serve-api": ("backend.services.openai_api", "serve an OpenAI-compatible API on 127.0.0.1"),
     "train-head": ("backend.services.training_cli", "train an EAGLE draft head for a target"),
     "export-head": ("backend.services.export_cli", "rewrite a head for vLLM, SGLang, reference code"),

@@ -20,7 +20,7 @@ from typing import Any
 import gradio as gr
 
 from app.chat_tab import build_chat_tab, wire_chat_tab
-from app.models_tab import build_models_tab, wire_models_tab
+from app.models_tab import REMOTE, build_models_tab, wire_models_tab
 from app.race_tab import build_race_tab, wire_race_tab
 from app.render import error_markdown, pair_info_markdown
 from app.session import Session
@@ -126,6 +126,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="default: the catalog's, else auto",
     )
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="chat with this OpenAI-compatible engine (vLLM, SGLang) instead of a local model",
+    )
+    parser.add_argument(
+        "--remote-baseline",
+        metavar="URL",
+        help="with --remote: a server of the same model without speculation, for the race tab",
+    )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     parser.add_argument(
         "--offline",
@@ -211,10 +221,28 @@ def prepare(args: argparse.Namespace) -> tuple[Backend, LoadConfig | None, str |
     return backend, config, selected, notice
 
 
+def connect_at_start(backend: Backend, args: argparse.Namespace) -> tuple[LoadConfig, str, str]:
+    """Remote mode: load --target/--head here only when given (the race's local vanilla
+    lane), then connect; a failure becomes the manager's notice, the app still starts."""
+    notice = ""
+    if args.target:
+        local, _, _ = startup_pair(backend, args)
+        notice = load_at_start(backend, local) if local is not None else ""
+    for event in backend.connect_remote(args.remote, getattr(args, "remote_baseline", None)):
+        if isinstance(event, LoadFailed):
+            logger.error("could not connect to %s: %s", args.remote, event.message)
+            notice += f"\n\nCould not connect to `{args.remote}`.\n\n{error_markdown(event)}"
+    return LoadConfig(target=args.remote), REMOTE, notice.strip()
+
+
 def run(args: argparse.Namespace) -> int:
     auth = parse_auth(args.auth)
     check_exposure(args.host, args.share, auth)  # before any slow loading
-    backend, config, selected, notice = prepare(args)
+    if getattr(args, "remote", None):
+        backend = Backend()
+        config, selected, notice = connect_at_start(backend, args)
+    else:
+        backend, config, selected, notice = prepare(args)
     demo = build_app(backend, initial=config, selected=selected, notice=notice)
     demo.queue(default_concurrency_limit=1)
     demo.launch(

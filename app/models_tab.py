@@ -35,6 +35,13 @@ from backend.events import Downloaded, Loaded, LoadFailed, Progress
 logger = logging.getLogger(__name__)
 
 CUSTOM = "custom (enter ids or folders)"
+REMOTE = "Remote engine (vLLM, SGLang: any OpenAI-compatible URL)"
+REMOTE_DEFAULT_URL = "http://127.0.0.1:8000"
+REMOTE_HELP = (
+    "**Remote engine**: enter the server's URL as the target (e.g. `http://127.0.0.1:8000`) "
+    "and press **Load** to chat with it; leave the head empty, the server drafts with its own. "
+    "Start one with `python launch.py serve --engine vllm --pair NAME`."
+)
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 QUANTIZATIONS = [("none", "none"), ("8-bit", "8bit"), ("4-bit", "4bit")]
 MAX_PROGRESS_LINES = 6
@@ -92,12 +99,13 @@ def build_models_tab(
     with gr.Row():
         with gr.Column(scale=3):
             pair = gr.Dropdown(
-                choices=[*(pair.name for pair in pairs), CUSTOM],
-                value=chosen.name if chosen else CUSTOM,
+                choices=[*(pair.name for pair in pairs), CUSTOM, REMOTE],
+                value=chosen.name if chosen else (REMOTE if selected == REMOTE else CUSTOM),
                 label="Catalog pair",
                 elem_id="models-pair",
             )
-            details = gr.Markdown(pair_markdown(chosen) if chosen else "", elem_id="models-details")
+            shown = pair_markdown(chosen) if chosen else (REMOTE_HELP if selected == REMOTE else "")
+            details = gr.Markdown(shown, elem_id="models-details")
             target = gr.Textbox(
                 label="Target model (Hub id org/name or local folder)",
                 value=initial.target if initial else "",
@@ -177,6 +185,8 @@ class ModelsController:
     def select_pair(self, name: str) -> tuple[Any, ...]:
         """Fill target, head, dtype and the recommended tree from a catalog entry."""
         pair = self._catalog().get(name)
+        if name == REMOTE:
+            return (REMOTE_DEFAULT_URL, "", *(gr.skip(),) * 4, REMOTE_HELP)
         if pair is None:
             hint = "Enter a target and a head: Hub repo ids (`org/name`) or local folders."
             return (gr.skip(),) * 6 + (hint,)
@@ -195,6 +205,8 @@ class ModelsController:
         target, head_or_none = _clean(target), _clean(head) or None
         if not target:
             return error_markdown(LoadFailed("config", "enter a target model first"))
+        if is_remote(target):
+            return "Remote engine: nothing to download here. Press **Load** to connect."
         try:
             return plan_markdown(self.backend.plan(target, head_or_none, dtype, quantization))
         except EagleChatError as err:
@@ -227,7 +239,11 @@ class ModelsController:
     def load(
         self, target: str, head: str, dtype: str, quantization: str
     ) -> Iterator[tuple[str, str, str]]:
-        """Load (downloading what is missing); yields (progress bar, status, header)."""
+        """Load (downloading what is missing); yields (progress bar, status, header).
+        A URL as the target connects to that remote engine instead."""
+        if is_remote(target):
+            yield from self._connect(_clean(target))
+            return
         try:
             config = LoadConfig(
                 target=_clean(target),
@@ -253,6 +269,17 @@ class ModelsController:
                 gr.Warning(error_text(event))
                 yield "", error_markdown(event), self.header()
 
+    def _connect(self, url: str) -> Iterator[tuple[str, str, str]]:
+        for event in self.backend.connect_remote(url):
+            if isinstance(event, Progress):
+                yield progress_html(event), f"Connecting to {url}…", gr.skip()
+            elif isinstance(event, Loaded):
+                done = Progress("load", 1, 1, "steps", "connected")
+                yield progress_html(done), f"✓ Connected.\n\n{self.header()}", self.header()
+            elif isinstance(event, LoadFailed):
+                gr.Warning(error_text(event))
+                yield "", error_markdown(event), self.header()
+
     def unload(self) -> tuple[str, str, str]:
         self.backend.unload()
         return "", "Unloaded: no model in memory.", self.header()
@@ -264,6 +291,11 @@ class ModelsController:
         """Status and header on page load (the model may have changed in another tab)."""
         loaded = self.backend.status().loaded
         return (pair_info_markdown(loaded) if loaded else "", self.header())
+
+
+def is_remote(target: str | None) -> bool:
+    """A target written as an http(s) URL names a remote engine, not a model."""
+    return _clean(target).startswith(("http://", "https://"))
 
 
 def _clean(value: str | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from backend.events import (
+    EngineMetrics,
     Finished,
     GenerationFailed,
     GenerationSummary,
@@ -84,17 +85,24 @@ class LiveStats:
     summary: GenerationSummary | None = None
     error: GenerationFailed | None = None
     waiting: bool = False  # queued behind another job on the model
+    remote: bool = False  # streamed by a remote engine: acceptance comes from its metrics
+    engine: EngineMetrics | None = None
 
     def update(self, event: Any) -> None:
         self.waiting = False
         if isinstance(event, Started):
             return
-        if isinstance(event, RoundCompleted):
+        if isinstance(event, EngineMetrics):
+            self.engine = event
+        elif isinstance(event, RoundCompleted):
             self.spans.extend(event.spans)
             self.new_tokens += len(event.token_ids)
             self.elapsed_s = event.elapsed_s
+            self.remote = self.remote or not event.rounds_known
             if event.round_index == 0:
                 self.ttft_s = event.elapsed_s
+            elif not event.rounds_known:
+                pass  # a remote chunk: the engine's metrics count its draft rounds
             else:
                 self.verify_tokens += len(event.token_ids)
                 self.accepted_drafts += event.num_accepted_drafts
@@ -103,6 +111,7 @@ class LiveStats:
         elif isinstance(event, Finished):
             self.summary = event.summary
             self.elapsed_s = event.summary.total_s
+            self.new_tokens = max(self.new_tokens, event.summary.new_tokens)
         elif isinstance(event, GenerationFailed):
             self.error = event
 
@@ -180,6 +189,8 @@ def stats_markdown(
     """The live numbers as a two-column Markdown table, plus the speedup over vanilla: measured
     when a baseline was measured, else marked as an estimate from the calibration's
     ``estimated_tps``."""
+    if stats.remote:
+        return remote_stats_markdown(stats)
     last = stats.accept_lengths[-1] if stats.accept_lengths else None
     ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
     rows = [
@@ -206,6 +217,44 @@ def stats_markdown(
     lines = ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     extra = [text for text in (note, _status_line(stats)) if text]
     return "\n\n".join(["\n".join(lines), *extra])
+
+
+def remote_stats_markdown(stats: LiveStats) -> str:
+    """The panel for a remote engine: tokens/s measured here, acceptance from its metrics."""
+    ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
+    engine = stats.engine
+    rate = engine.acceptance_rate if engine is not None else None
+    per_position = " · ".join(
+        f"{depth}: {share:.0%}"
+        for depth, share in enumerate(engine.accepted_per_position if engine else (), 1)
+    )
+    rows = [
+        ("tokens/s (measured here)", _num(stats.tokens_per_s, 1)),
+        ("time to first token", _num(ttft, 0, " ms")),
+        ("new tokens", str(stats.new_tokens)),
+        (
+            "acceptance rate (engine metrics)",
+            _num(rate * 100 if rate is not None else None, 0, "%"),
+        ),
+        ("avg acceptance length (τ)", _num(stats.tau) if engine and engine.drafts else "–"),
+        ("accepted per draft position", per_position or "–"),
+        ("draft rounds / drafted / accepted", _engine_counts(engine)),
+    ]
+    lines = ["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    notes = [engine.message] if engine is not None and engine.message else []
+    status = _status_line(stats)
+    if status and not (stats.summary is not None and stats.summary.hint):
+        notes.append(status)
+    elif stats.summary is not None:
+        reason = STOP_REASONS.get(stats.summary.stop_reason, stats.summary.stop_reason)
+        notes.append(f"Finished ({reason}) in {stats.summary.total_s:.2f} s.")
+    return "\n".join(lines) + "".join(f"\n\n{note}" for note in notes)
+
+
+def _engine_counts(engine: EngineMetrics | None) -> str:
+    if engine is None or engine.status != "ok":
+        return "–"
+    return f"{engine.drafts} / {engine.draft_tokens} / {engine.accepted_tokens}"
 
 
 def _status_line(stats: LiveStats) -> str:
@@ -382,6 +431,11 @@ def pair_info_markdown(info: PairInfo | None) -> str:
     """What is loaded, in one line a user can read at a glance."""
     if info is None:
         return "**No model loaded.** Pick a pair in the *Models* tab and press *Load*."
+    if info.remote:
+        return (
+            f"**Remote engine:** `{info.target}` served by {info.architecture} at {info.remote} "
+            "· speculation runs on the server; the panel reads its metrics"
+        )
     head = f"{info.head} ({info.head_kind})" if info.head else "no head (vanilla only)"
     quant = "" if info.quantization == "none" else f", {info.quantization}"
     prompts = {

@@ -52,6 +52,7 @@ from backend.services.dtypes import choose_dtype
 from backend.services.hub_progress import format_bytes
 from backend.services.loading import LoadedPair, default_device, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
+from backend.services.remote import RemoteEngine
 from backend.services.sessions import GenerationQueue
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class Backend:
         self._queue = GenerationQueue()
         self._catalog_path = catalog_path
         self._vanilla_speed: float | None = None
+        self.remote: RemoteEngine | None = None  # chats go there while connected
+        self.remote_baseline: RemoteEngine | None = None  # its race rival without speculation
 
     # ---- models ------------------------------------------------------------------------------
     def catalog(self) -> list[PairSpec]:
@@ -114,6 +117,7 @@ class Backend:
         weights are read, so two models never share the memory. A failure while reading the
         new weights leaves no model loaded (``status().loaded`` is None)."""
         try:
+            self.disconnect_remote()
             pair = yield from self._load_events(config)
             yield Loaded(pair.info)
         except EagleChatError as err:
@@ -122,17 +126,37 @@ class Backend:
             logger.exception("loading failed")
             yield LoadFailed("internal", f"loading failed: {err}", "see the log for details")
 
+    def connect_remote(self, url: str, baseline_url: str | None = None) -> Iterator[LoadEvent]:
+        """Chat with an OpenAI-compatible engine at ``url`` from now on (a local pair stays
+        loaded as the race's vanilla lane unless ``baseline_url`` names a server without
+        speculation). Ends with Loaded(info with ``remote`` set) or LoadFailed."""
+        try:
+            yield Progress("resolve", 0, 1, "steps", f"connecting to {url}")
+            remote = RemoteEngine.connect(url)
+            baseline = RemoteEngine.connect(baseline_url) if baseline_url else None
+            self.remote, self.remote_baseline = remote, baseline
+            yield Loaded(remote.info())
+        except EagleChatError as err:
+            yield LoadFailed(err.code, err.message, err.hint)
+
+    def disconnect_remote(self) -> None:
+        """Back to local decoding."""
+        self.remote = self.remote_baseline = None
+
     def load_blocking(self, config: LoadConfig) -> LoadedPair:
         """``load`` for the CLI: progress goes to the log, known failures raise typed errors."""
         return drain(self._load_events(config), lambda event: logger.info("%s", event.message))
 
     def unload(self) -> None:
-        """Free the loaded pair (waits for the running job, if any)."""
+        """Free the loaded pair (waits for the running job, if any) and leave a remote engine."""
+        self.disconnect_remote()
         with self._queue.turn(_new_id()):
             self._free()
 
     def status(self) -> BackendStatus:
         info = self.pair.info if self.pair is not None else None
+        if self.remote is not None:
+            info = self.remote.info()
         return BackendStatus(loaded=info, busy=self._queue.busy, queued=self._queue.queued)
 
     def queue_position(self, request_id: str) -> int | None:
@@ -152,6 +176,23 @@ class Backend:
         """One reply, streamed. Waits in the queue first; cancelled while waiting, it ends
         with Started + Finished(stop_reason="cancelled") without touching the model."""
         request_id = request_id or _new_id()
+        remote, baseline = self.remote, self.remote_baseline
+        if remote is not None:  # the server schedules its own requests: no local queue
+            server = baseline if config.mode == "vanilla" and baseline is not None else remote
+            prompt = build_messages(messages, system_prompt)
+            yield from server.stream(prompt, config, cancel, request_id)
+            return
+        yield from self._local_stream(messages, config, system_prompt, raw, cancel, request_id)
+
+    def _local_stream(
+        self,
+        messages: Sequence[Message],
+        config: GenerationConfig,
+        system_prompt: str | None,
+        raw: bool,
+        cancel: threading.Event | None,
+        request_id: str,
+    ) -> Iterator[GenerationEvent]:
         try:
             self._require_pair()
             with self._queue.turn(request_id, cancel) as got_turn:
@@ -185,6 +226,11 @@ class Backend:
         """Vanilla versus EAGLE decoding of the same prompt on the loaded target, both lanes
         streamed live; ends with RaceFinished (speedup from each lane's own compute time)."""
         request_id = request_id or _new_id()
+        if self.remote is not None:
+            yield from self._remote_race(
+                self.remote, messages, config, system_prompt, cancel, request_id
+            )
+            return
         try:
             self._require_pair()
             with self._queue.turn(request_id, cancel) as got_turn:
@@ -221,7 +267,7 @@ class Backend:
     def vanilla_speed(self) -> float | None:
         """Plain decoding speed of the loaded target in tokens/s, measured once per loaded pair
         (a short greedy generation, prefill excluded); None when nothing is loaded."""
-        if self.pair is None:
+        if self.pair is None or self.remote is not None:
             return None
         if self._vanilla_speed is None:
             with self._queue.turn(_new_id()):
@@ -266,6 +312,39 @@ class Backend:
         return 1.0 / step_s if step_s > 0 else None
 
     # ---- internals ---------------------------------------------------------------------------
+    def _remote_race(
+        self,
+        remote: RemoteEngine,
+        messages: Sequence[Message],
+        config: GenerationConfig,
+        system_prompt: str | None,
+        cancel: threading.Event | None,
+        request_id: str,
+    ) -> Iterator[RaceEvent]:
+        """The remote engine against its baseline server, or against this machine's vanilla
+        decoding of the loaded pair; lanes run one after the other."""
+        if self.remote_baseline is None and self.pair is None:
+            yield GenerationFailed(
+                request_id, "no_baseline", "nothing to race the remote engine against",
+                "start a server without speculation and pass it as the baseline "
+                "(python launch.py app --remote URL --remote-baseline URL), or add "
+                "--target/--head to race against this machine's vanilla decoding",
+            )  # fmt: skip
+            return
+        prompt = build_messages(messages, system_prompt)
+        vanilla_config = dataclasses.replace(config, mode="vanilla")
+        lane_id = f"{request_id}-vanilla"
+        if self.remote_baseline is not None:
+            vanilla = self.remote_baseline.stream(prompt, vanilla_config, cancel, lane_id)
+        else:
+            vanilla = self._local_stream(prompt, vanilla_config, None, False, cancel, lane_id)
+        eagle = remote.stream(prompt, config, cancel, f"{request_id}-eagle")
+        try:
+            yield from racing.one_after_the_other(vanilla, eagle)
+        except Exception as err:  # the stream must end with an event, whatever happened
+            logger.exception("remote race failed")
+            yield GenerationFailed(request_id, "internal", f"race failed: {err}", "")
+
     def _load_events(self, config: LoadConfig) -> Generator[Progress, None, LoadedPair]:
         yield Progress("resolve", 0, 3, "steps", f"locating {config.target}")
         target_path = yield from planning.fetch(config.target, "target", None, config.gguf_file)

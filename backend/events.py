@@ -53,6 +53,9 @@ class RoundCompleted:
     bookkeeping_s: float
     elapsed_s: float  # since the request started
     tree_shape: str = ""  # the shape verified this round ("16/5/4", "chain 6", "plain")
+    # False for a chunk streamed by a remote engine: its draft rounds happen on the server and
+    # are counted from the engine's metrics (EngineMetrics), not per chunk.
+    rounds_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,25 @@ class GenerationFailed:
     hint: str = ""
 
 
-GenerationEvent = Union[Started, RoundCompleted, Finished, GenerationFailed]
+EngineMetricsStatus = Literal["ok", "no_speculation", "metrics_missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """A remote engine's speculation during one reply: the change of its /metrics counters
+    around the reply (other clients' requests at the same time count too)."""
+
+    request_id: str
+    status: EngineMetricsStatus
+    message: str  # plain words for the panel, e.g. why there are no numbers
+    drafts: int = 0  # draft rounds
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float | None = None  # accepted / drafted tokens
+    accepted_per_position: tuple[float, ...] = ()  # share of rounds accepting draft d, d=1..
+
+
+GenerationEvent = Union[Started, RoundCompleted, EngineMetrics, Finished, GenerationFailed]
 
 ProgressStage = Literal["resolve", "download", "load", "quantize", "warmup", "calibrate"]
 ProgressUnit = Literal["bytes", "files", "steps"]
@@ -133,6 +154,7 @@ class PairInfo:
     # How prompts are written for the target: "chat template" (the tokenizer's own), or
     # "plain completion" (a base model: the text is continued as it is).
     prompt_format: str = "chat template"
+    remote: str = ""  # URL of the remote engine serving the pair; "" when loaded here
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,30 @@ def interleave(
     yield race_result(vanilla_summary, eagle_summary)
 
 
+def one_after_the_other(
+    vanilla: Iterator[GenerationEvent], eagle: Iterator[GenerationEvent]
+) -> Iterator[RaceEvent]:
+    """A race whose lanes run on a remote engine (and its baseline): each lane runs alone,
+    timed by the wall clock of its own stream, so neither slows the other down on a shared
+    server. Identity is judged on text when a lane has no token ids."""
+    summaries: dict[RaceLane, GenerationSummary] = {}
+    for name, events in (("vanilla", vanilla), ("eagle", eagle)):
+        for event in events:
+            if isinstance(event, GenerationFailed):
+                yield event
+                return
+            if isinstance(event, Finished):
+                summaries[name] = event.summary  # type: ignore[index]
+            yield RaceUpdate(lane=name, event=event)  # type: ignore[arg-type]
+    if set(summaries) != {"vanilla", "eagle"}:
+        raise RuntimeError("a race lane ended without a Finished event")
+    result = race_result(summaries["vanilla"], summaries["eagle"])
+    if not (summaries["vanilla"].token_ids and summaries["eagle"].token_ids):
+        same = summaries["vanilla"].text == summaries["eagle"].text
+        result = dataclasses.replace(result, identical=same, first_divergence=None)
+    yield result
+
+
 def own_compute_summary(
     summary: GenerationSummary, compute_s: float, ttft_s: float
 ) -> GenerationSummary:

