@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backend.api import Backend
-from backend.config import LoadConfig, SamplingConfig, TreeConfig
+from backend.config import LoadConfig, SamplingConfig
 from backend.errors import HubError
 from backend.events import (
     Downloaded,
@@ -199,11 +199,10 @@ def test_vanilla_speed_is_measured_once_per_pair(saved_pairs: SavedPairs) -> Non
 
 def test_vanilla_estimate_comes_from_calibration_only(saved_pairs: SavedPairs) -> None:
     backend = Backend()
+    list(backend.load(LoadConfig(str(saved_pairs.target))))
+    assert backend.estimated_vanilla_speed() is None  # no head: nothing calibrated to show
     list(backend.load(LoadConfig(str(saved_pairs.target), str(saved_pairs.head))))
-    assert backend.estimated_vanilla_speed() is None  # not calibrated yet: nothing to show
-    auto = dataclasses.replace(greedy(4), tree=TreeConfig(auto=True))
-    list(backend.stream(MESSAGES, auto))  # the first auto-tree reply calibrates the pair
-    costs = backend.pair.costs
+    costs = backend.pair.costs  # calibrated while loading, before any reply
     assert costs is not None
     assert backend.estimated_vanilla_speed() == pytest.approx(1.0 / costs.verify(1))
     backend.unload()
