@@ -83,13 +83,18 @@ def sample_counts(
     return second, third
 
 
-@pytest.fixture(scope="module")
-def pair():
+def sharpened_pair():
+    """A tiny target sharpened a little so drafts are often accepted, with an EAGLE-1 head."""
     target = tiny_target("llama", vocab_size=VOCAB, num_layers=8, seed=3)
-    with torch.no_grad():  # sharpen the target a little so drafts are often accepted
+    with torch.no_grad():
         target.lm_head.weight.mul_(8.0)
     head = tiny_head("eagle1", target, seed=4)
     return target, make_runner(target, head)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return sharpened_pair()
 
 
 @pytest.mark.slow

@@ -17,16 +17,15 @@ import torch
 import backend.engine.verify as verify
 from backend.config import SamplingConfig, TreeConfig
 from backend.engine.autotune import CostModel, TreePolicy
-from tests.engine.helpers import make_runner, run
+from tests.engine.helpers import run
 from tests.engine.test_loop_lossless import (
     BOUND,
     PROMPT,
-    VOCAB,
     chi_square,
     exact_marginals,
     sample_counts,
+    sharpened_pair,
 )
-from tests.factories import tiny_head, tiny_target
 
 AUTO = TreeConfig(auto=True)
 # Flat verification and cheap head steps: the policy's best shape is a sampled chain several
@@ -36,11 +35,7 @@ COSTS = CostModel(verify_s={1: 1.0, 60: 1.0}, draft_step_s=0.05, chain_step_s=0.
 
 @pytest.fixture(scope="module")
 def pair():
-    target = tiny_target("llama", vocab_size=VOCAB, num_layers=8, seed=3)
-    with torch.no_grad():  # sharpen the target a little so drafts are often accepted
-        target.lm_head.weight.mul_(8.0)
-    head = tiny_head("eagle1", target, seed=4)
-    return target, make_runner(target, head)
+    return sharpened_pair()
 
 
 def auto_counts(runner, drafter, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -110,7 +110,7 @@ def test_chat_and_models_tab_in_remote_mode(engine: FakeEngine) -> None:
     *_, (_, status, header) = list(models.load(engine.url, "", "auto", "none"))
     assert "Connected" in status and "Remote engine" in header and "fake-model" in header
     updates = list(ChatController(backend, 0.0, 0.0).chat("Hi", [], *SETTINGS, Session()))
-    history, _, _, numbers, _ = updates[-1]
+    history, _, _, numbers, *_ = updates[-1]
     assert history[-1]["content"] == "".join(fake_engine.PIECES)
     assert "acceptance rate (engine metrics) | 58%" in numbers and "Finished" in numbers
 
@@ -155,7 +155,7 @@ def test_server_gone_mid_session_then_back(engine: FakeEngine) -> None:
     backend = connected(engine.url)
     engine.stop()
     chat = ChatController(backend, 0.0, 0.0)
-    history, _, _, numbers, _ = list(chat.chat("Hi", [], *SETTINGS, Session()))[-1]
+    history, _, _, numbers, *_ = list(chat.chat("Hi", [], *SETTINGS, Session()))[-1]
     assert history[-1]["metadata"]["title"] == ERROR_TITLE and "not reachable" in numbers
     again = FakeEngine()
     try:  # the chat keeps its history and works once a server answers again
@@ -187,7 +187,7 @@ def test_servers_without_numbers_say_why(speculation, metrics, status, shown, as
     metrics_event = next(e for e in events if isinstance(e, EngineMetrics))
     assert metrics_event.status == status
     assert isinstance(events[-1], Finished) and events[-1].summary.text
-    history, _, _, numbers, _ = updates[-1]
+    history, _, _, numbers, *_ = updates[-1]
     assert shown in numbers and history[-1]["content"] == "".join(fake_engine.PIECES)
     assert ("return_token_ids" in engine.requests[-1]) is asks_ids  # vLLM's extension only
 
