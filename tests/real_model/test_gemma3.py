@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,11 @@ def gemma() -> LoadedPair:
 
 
 def long_prompt(pair: LoadedPair, tokens: int) -> list[int]:
-    """English text that is not training data (this repository's README), cut to ``tokens``."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    """English text that is not training data and does not change with our docs (the Gemma
+    terms shipped beside the head, markup removed), cut to ``tokens``."""
+    html = (REPO_ROOT / "assets" / "gemma3-270m" / "GEMMA_TERMS.html").read_text(encoding="utf-8")
+    body = html[html.lower().find("<body"):] if "<body" in html.lower() else html
+    text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(script|style).*?</\1>", " ", body)).split())
     ids = pair.tokenizer(text, add_special_tokens=True)["input_ids"]
     assert len(ids) >= tokens
     return ids[:tokens]
