@@ -161,7 +161,7 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
         tau = f"{m.tau:.2f}" if m.tau is not None else "-"
         lines.append(
             f"| {label(m.method)} | {m.tokens_per_s:.1f} | {m.speedup:.2f}x | {tau} | "
-            f"{m.identical}/{s['num_prompts']} | {m.ttft_s:.3f} |"
+            f"{m.identical}/{len(result.prompts)} | {m.ttft_s:.3f} |"
         )
     lines += _run_facts(result)
     eagle = summaries.get("eagle")

@@ -48,7 +48,7 @@ EMA = 0.15  # weight of the newest round in the acceptance estimates
 PRIOR_TAIL = 0.5  # chance the next guess is right once the earlier ones failed, assumed
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
-SCOUT_EVERY = 8  # rounds between verifications of a shape one size up (see TreePolicy.choose)
+SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
 
@@ -237,6 +237,8 @@ class TreePolicy:
     # Paired with the same rounds, the ratio of the two sums compares shapes on the same text.
     measured: dict[TreeConfig, tuple[float, float, float]] = field(default_factory=dict)
     reference_tokens: float = 1.0 + PRIOR_RATE  # tokens/round of the one-draft shape, lately
+    # real round time / calibrated round time, per shape and per family ("plain", "chain", "tree")
+    time_scale: dict[object, float] = field(default_factory=dict)
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
     rounds_since_scout: int = 0
@@ -278,9 +280,9 @@ class TreePolicy:
 
     def best_tree(self) -> TreeConfig | None:
         """The shape with the most expected tokens per second (None: a plain step)."""
-        best, best_speed = None, 1.0 / self.costs.round_s(None)
+        best, best_speed = None, 1.0 / self.round_s(None)
         for tree in self.ladder:
-            speed = self.expected_tokens(tree) / self.costs.round_s(tree)
+            speed = self.expected_tokens(tree) / self.round_s(tree)
             if speed > best_speed:
                 best, best_speed = tree, speed
         return best
@@ -296,7 +298,24 @@ class TreePolicy:
             turn = [t for t in bigger if t.top_k > best.top_k]
         else:
             turn = [t for t in bigger if t.depth > best.depth]
-        return min(turn or bigger, key=lambda t: (self.costs.round_s(t), -t.top_k, -t.total_tokens))
+        return min(turn or bigger, key=lambda t: (self.round_s(t), -t.top_k, -t.total_tokens))
+
+    def round_s(self, tree: TreeConfig | None) -> float:
+        """Calibrated seconds of a round of ``tree``, corrected by how long such rounds really
+        took (drafting bookkeeping and Python overhead that one forward's timing misses): the
+        shape's own ratio once it ran, else its family's (plain, chain, tree), else that of all
+        rounds (a plain step not taken for a while pays the same overheads as the rest)."""
+        scales = self.time_scale
+        scale = scales.get(tree) or scales.get(_family(tree)) or scales.get("any", 1.0)
+        return self.costs.round_s(tree) * scale
+
+    def observe_time(self, tree: TreeConfig | None, seconds: float) -> None:
+        """Learn from one real round's wall time (drafting, verification and bookkeeping)."""
+        ratio = min(max(seconds / self.costs.round_s(tree), 0.5), 4.0)  # a stall is no lesson
+        for key in (tree, _family(tree), "any"):
+            old = self.time_scale.get(key)
+            self.time_scale[key] = ratio if old is None else old + EMA * (ratio - old)
+        self._best = _UNKNOWN
 
     def expected_tokens(self, tree: TreeConfig) -> float:
         """The model's estimate, overruled by the shape's own replays as they add up (one lucky
@@ -389,6 +408,12 @@ class TreePolicy:
             top = self.rates[min(depth, len(self.rates)) - 1]
             for level in range(depth, len(self.rates)):
                 self.rates[level] = max(self.rates[level], top)
+
+
+def _family(tree: TreeConfig | None) -> str:
+    if tree is None:
+        return "plain"
+    return "chain" if tree.top_k == 1 else "tree"
 
 
 def rank_outcomes(tree: DraftTree, acceptance: Acceptance) -> list[tuple[int | None, int]]:

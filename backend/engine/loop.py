@@ -141,6 +141,8 @@ def generate(
         t3 = now(device)
         if policy is not None and tree_config is not None:
             policy.observe_verified(tree_config, tree, acceptance)
+        if policy is not None:
+            policy.observe_time(tree_config if tree.size > 1 else None, now(device) - t0)
         accepted_shown = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
         stats.add_round(accepted_shown, len(tokens), tree.size, t1 - t0, t2 - t1)
         shape = tree_config.label() if tree_config is not None and tree.size > 1 else "plain"

@@ -126,7 +126,9 @@ def test_sampling_runs_the_prompt_set_once_per_seed_and_reports_each(tmp_path) -
     assert result.settings["seeds"] == 3
     per_seed = speedup_per_seed(result)
     assert len(per_seed) == 3 and all(x > 0 for x in per_seed)
-    assert "per seed (3 seeds)" in to_markdown(result, summarize(result), "cmd")
+    markdown = to_markdown(result, summarize(result), "cmd")
+    assert "per seed (3 seeds)" in markdown
+    assert "| 6/6 |" in markdown  # vanilla against itself: every run of every seed counted
 
 
 def test_greedy_runs_ignore_seeds(tmp_path) -> None:

@@ -237,3 +237,21 @@ def test_the_summary_and_each_round_name_the_verified_shapes() -> None:
     assert sum(n for _, n in summary.tree_shapes) == summary.rounds
     labels = {t.label() for t in LADDER} | {"plain"}
     assert set(shapes) <= labels
+
+
+def test_real_round_times_correct_the_calibrated_costs() -> None:
+    """When chains really take twice their calibrated time and trees what calibration said,
+    the policy's costs follow the real rounds, per shape and for the shape's family."""
+    policy = TreePolicy(CPU_LIKE)
+    chain, tree = TreeConfig(7, 6, 1), TreeConfig(16, 5, 4)
+    for _ in range(60):
+        policy.observe_time(chain, 2.0 * CPU_LIKE.round_s(chain))
+        policy.observe_time(tree, CPU_LIKE.round_s(tree))
+    assert policy.round_s(chain) == pytest.approx(2.0 * CPU_LIKE.round_s(chain), rel=1e-3)
+    assert policy.round_s(tree) == pytest.approx(CPU_LIKE.round_s(tree), rel=1e-3)
+    other_chain = TreeConfig(4, 3, 1)  # never ran: its family's ratio applies
+    assert policy.round_s(other_chain) == pytest.approx(
+        2.0 * CPU_LIKE.round_s(other_chain), rel=1e-3
+    )
+    policy.observe_time(tree, 100.0)  # a stall counts as at most 4x
+    assert policy.round_s(tree) <= 4.0 * CPU_LIKE.round_s(tree)
