@@ -29,6 +29,7 @@ from backend.events import (
     RoundCompleted,
     Started,
     TextSpan,
+    average_acceptance_length,
 )
 
 DRAFT_LABEL = "accepted draft"
@@ -77,7 +78,7 @@ class LiveStats:
     spans: list[TextSpan] = field(default_factory=list)
     new_tokens: int = 0
     verify_tokens: int = 0  # tokens produced by verification rounds (the prefill token excluded)
-    accept_lengths: list[int] = field(default_factory=list)  # per round: accepted drafts + 1
+    acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
     accepted_drafts: int = 0
     ttft_s: float | None = None
     elapsed_s: float = 0.0
@@ -106,7 +107,7 @@ class LiveStats:
             else:
                 self.verify_tokens += len(event.token_ids)
                 self.accepted_drafts += event.num_accepted_drafts
-                self.accept_lengths.append(event.num_accepted_drafts + 1)
+                self.acceptance_lengths.append(len(event.token_ids))
             self.progress.append((event.elapsed_s, self.new_tokens))
         elif isinstance(event, Finished):
             self.summary = event.summary
@@ -123,7 +124,7 @@ class LiveStats:
 
     @property
     def rounds(self) -> int:
-        return len(self.accept_lengths)
+        return len(self.acceptance_lengths)
 
     @property
     def tokens_per_s(self) -> float:
@@ -143,7 +144,7 @@ class LiveStats:
         """Average acceptance length: verification tokens per round (events.py's tau)."""
         if self.summary is not None and self.summary.rounds:
             return self.summary.tau
-        return self.verify_tokens / self.rounds if self.rounds else None
+        return average_acceptance_length(self.verify_tokens, self.rounds) if self.rounds else None
 
     @property
     def tokens_per_forward(self) -> float | None:
@@ -191,7 +192,7 @@ def stats_markdown(
     ``estimated_tps``."""
     if stats.remote:
         return remote_stats_markdown(stats)
-    last = stats.accept_lengths[-1] if stats.accept_lengths else None
+    last = stats.acceptance_lengths[-1] if stats.acceptance_lengths else None
     ttft = stats.ttft_s * 1000 if stats.ttft_s is not None else None
     rows = [
         ("tokens/s", _num(stats.tokens_per_s, 1)),
@@ -273,11 +274,11 @@ def _status_line(stats: LiveStats) -> str:
 
 
 def acceptance_frame(stats: LiveStats) -> pd.DataFrame:
-    """Acceptance length per verification round, for a gr.LinePlot/BarPlot."""
+    """Acceptance length (tokens gained) per verification round, for a gr.LinePlot/BarPlot."""
     frame = pd.DataFrame(
         {
             "round": list(range(1, stats.rounds + 1)),
-            "acceptance length": stats.accept_lengths,
+            "acceptance length": stats.acceptance_lengths,
         }
     )
     # Explicit dtypes: Gradio picks the axis type from the first (empty) value it sees.

@@ -80,7 +80,7 @@ def build_stats_panel() -> StatsPanel:
         acceptance_frame(LiveStats()),
         x="round",
         y="acceptance length",
-        title="Acceptance length per round",
+        title="Acceptance length per round (tokens gained: accepted drafts + 1)",
         height=220,
         label="Acceptance plot",
         elem_id="accept-plot",

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from backend.config import GenerationConfig, LoadConfig
-from backend.engine.loop import generate
+from backend.engine.progress import drain
 from backend.engine.stats import SpecStats
 from backend.errors import ConfigError, EagleChatError
 from backend.events import (
@@ -50,7 +50,7 @@ from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
 from backend.services.hub_progress import format_bytes
-from backend.services.loading import LoadedPair, default_device, drain, load_steps, prepare
+from backend.services.loading import LoadedPair, default_device, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.remote import RemoteEngine
 from backend.services.sessions import GenerationQueue
@@ -198,17 +198,13 @@ class Backend:
             with self._queue.turn(request_id, cancel) as got_turn:
                 if not got_turn:
                     yield Started(request_id, config.mode, 0)
-                    yield Finished(request_id, SpecStats().summary([], "", 0.0, 0.0, "cancelled"))
+                    yield Finished(request_id, SpecStats().summary([], "", 0.0, "cancelled"))
                     return
                 pair = self._require_pair()  # the model may have changed while waiting
                 _require_drafter(pair, config.mode)
                 ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw,
                                  prompt_format=pair.prompt_format)  # fmt: skip
-                yield from generate(
-                    pair.runner, pair.drafter, ids, config, eos_ids=pair.stops,
-                    tokenizer=pair.tokenizer, cancel=cancel, request_id=request_id,
-                    policy=pair.tree_policy(not config.sampling.greedy) if config.mode == "eagle" else None,
-                )  # fmt: skip
+                yield from pair.engine.generate(ids, config, cancel, request_id)
         except EagleChatError as err:
             yield GenerationFailed(request_id, err.code, err.message, err.hint)
         except Exception as err:  # the stream must end with an event, whatever happened
@@ -244,17 +240,9 @@ class Backend:
                     prompt_format=pair.prompt_format,
                 )  # fmt: skip
                 lanes = {
-                    lane: generate(
-                        pair.runner,
-                        pair.drafter,
-                        ids,
-                        dataclasses.replace(config, mode=lane),
-                        eos_ids=pair.stops,
-                        tokenizer=pair.tokenizer,
-                        cancel=cancel,
-                        request_id=f"{request_id}-{lane}",
-                        policy=pair.tree_policy(not config.sampling.greedy),
-                    )  # fmt: skip
+                    lane: pair.engine.generate(
+                        ids, dataclasses.replace(config, mode=lane), cancel, f"{request_id}-{lane}"
+                    )
                     for lane in ("vanilla", "eagle")
                 }
                 yield from racing.interleave(lanes["vanilla"], lanes["eagle"])
@@ -283,7 +271,7 @@ class Backend:
                 )  # fmt: skip
                 rounds = [
                     event
-                    for event in generate(pair.runner, None, ids, config)
+                    for event in pair.engine.tokens_only().generate(ids, config)
                     if isinstance(event, RoundCompleted) and event.round_index > 0
                 ]
                 seconds = sum(r.draft_s + r.verify_s + r.bookkeeping_s for r in rounds)
@@ -306,9 +294,9 @@ class Backend:
         one-token forward), without running anything: an estimate, not a measurement. None
         for a pair without a head (nothing is calibrated then)."""
         pair = self.pair
-        if pair is None or pair.costs is None:
+        if pair is None or pair.engine.costs is None:
             return None
-        step_s = pair.costs.verify(1)
+        step_s = pair.engine.costs.verify(1)
         return 1.0 / step_s if step_s > 0 else None
 
     # ---- internals ---------------------------------------------------------------------------
@@ -405,7 +393,7 @@ class Backend:
 
 
 def _require_drafter(pair: LoadedPair, mode: str) -> None:
-    if mode == "eagle" and pair.drafter is None:
+    if mode == "eagle" and pair.engine.drafter is None:
         raise ConfigError(
             "EAGLE mode needs a draft head, and none is loaded",
             hint="load a head with the target, or choose vanilla mode",

@@ -4,23 +4,40 @@ Everything here is a frozen dataclass of plain Python values (no tensors, no tok
 types), so the UI, the CLI's ``--json``, the HTTP API and the benchmark can consume or
 serialise it directly with :func:`to_dict`.
 
-Definitions used everywhere:
+Definitions used everywhere (the engine's statistics, the API, the benchmark and the app):
 - *accepted drafts* of a round: drafted tokens the target agreed with; the bonus token the
   target produced itself after them is not counted.
-- *acceptance length* of a round: accepted drafts + 1 (the tokens one target forward yields).
-- *tau* (average acceptance length): tokens produced by verification rounds / number of rounds.
-  The first token, produced by the prefill forward, is counted in neither, so vanilla decoding
-  has tau exactly 1.
+- *acceptance length* of a round: the tokens it gained, i.e. accepted drafts + 1 (the bonus
+  token), fewer only in a round cut short by a stop (EOS, marker, stop string, budget).
+- *tau* (average acceptance length): tokens produced by verification rounds / number of rounds
+  (``average_acceptance_length``). The first token, produced by the prefill forward, is counted
+  in neither, so vanilla decoding has tau exactly 1.
+- *acceptance per depth* d: the share of rounds whose acceptance length exceeds d
+  (``acceptance_per_depth``), i.e. that accepted at least d drafts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 TokenSource = Literal["draft", "target"]
 StopReason = Literal["eos", "max_new_tokens", "context_length", "stop_string", "cancelled"]
+
+
+def average_acceptance_length(round_tokens: int, rounds: int) -> float:
+    """tau: tokens produced by ``rounds`` verification rounds / rounds (0.0 without rounds)."""
+    return round_tokens / rounds if rounds else 0.0
+
+
+def acceptance_per_depth(lengths: Sequence[int]) -> tuple[float, ...]:
+    """Per depth d = 1..deepest, the share of rounds that accepted at least d drafts."""
+    if not lengths:
+        return ()
+    deepest = max(lengths) - 1
+    return tuple(sum(1 for n in lengths if n > d) / len(lengths) for d in range(1, deepest + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +78,10 @@ class RoundCompleted:
 @dataclass(frozen=True, slots=True)
 class GenerationSummary:
     new_tokens: int
-    rounds: int  # verification rounds after the prefill
-    target_forwards: int  # target forwards after the prefill (== rounds)
-    tau: float  # see module docstring
-    accept_lengths: tuple[int, ...]  # accepted drafts per round
-    accept_per_depth: tuple[float, ...]  # fraction of rounds that accepted >= d drafts, d=1..
+    rounds: int  # verification rounds (= target forwards) after the prefill
+    tau: float  # average acceptance length, see module docstring
+    acceptance_lengths: tuple[int, ...]  # tokens gained per round (accepted drafts + 1)
+    accept_per_depth: tuple[float, ...]  # share of rounds that accepted >= d drafts, d=1..
     tokens_per_s: float  # new tokens / total wall time incl. prefill
     ttft_s: float  # time to the first new token
     total_s: float

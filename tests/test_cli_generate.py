@@ -45,12 +45,12 @@ def test_json_output_and_identity(saved_pair, head_name) -> None:
     eagle = cli(*common)
     assert eagle.returncode == 0, eagle.stderr
     data = json.loads(eagle.stdout.strip().splitlines()[-1])
-    for key in ("mode", "text", "token_ids", "new_tokens", "rounds", "accept_lengths", "tau",
+    for key in ("mode", "text", "token_ids", "new_tokens", "rounds", "acceptance_lengths", "tau",
                 "tokens_per_s"):  # fmt: skip
         assert key in data, key
     assert data["mode"] == "eagle"
     assert data["new_tokens"] == len(data["token_ids"]) <= 24
-    assert len(data["accept_lengths"]) == data["rounds"]
+    assert len(data["acceptance_lengths"]) == data["rounds"]
     vanilla = json.loads(cli(*common, "--mode", "vanilla").stdout.strip().splitlines()[-1])
     assert vanilla["token_ids"] == data["token_ids"]
     assert vanilla["text"] == data["text"]

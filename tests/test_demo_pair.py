@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.events import Finished
 from backend.services.loading import load_pair
 from backend.services.prompting import prompt_ids
@@ -23,7 +22,7 @@ def summary(pair, prompt: str, mode: str):
     config = GenerationConfig(
         mode=mode, max_new_tokens=48, tree=TreeConfig(total_tokens=12, depth=5, top_k=3)
     )
-    events = list(generate(pair.runner, pair.drafter, ids, config, pair.eos_ids, pair.tokenizer))
+    events = list(pair.engine.generate(ids, config))
     assert isinstance(events[-1], Finished)
     return events[-1].summary
 

@@ -1,8 +1,8 @@
 """Benchmark bookkeeping and reports: pure functions of a BenchResult (JSON, Markdown, PNG).
 
 Definitions: tokens/s of a method = all its new tokens / all its generation seconds; speedup =
-EAGLE tokens/s / vanilla tokens/s from the same run; tau = tokens produced by verification
-rounds / rounds (backend/events.py); identical = same token ids as vanilla.
+EAGLE tokens/s / vanilla tokens/s from the same run; tau and acceptance per depth as defined in
+backend/events.py, pooled over all rounds; identical = same token ids as vanilla.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.bench.runner import METHODS, BenchResult, MethodRun
+from backend.events import acceptance_per_depth, average_acceptance_length
 
 LABELS = {
     "vanilla": "vanilla",
@@ -41,19 +42,11 @@ class MethodSummary:
 
 
 def _tau(runs: list[MethodRun]) -> float | None:
+    """Pooled over the runs' rounds: every token after a run's first came from a round."""
     rounds = sum(r.rounds for r in runs)
     if not rounds:
         return None
-    return sum(r.new_tokens - 1 for r in runs if r.new_tokens) / rounds
-
-
-def _accept_per_depth(runs: list[MethodRun]) -> tuple[float, ...]:
-    lengths = [a for r in runs for a in r.accept_lengths]
-    if not lengths:
-        return ()
-    return tuple(
-        sum(1 for a in lengths if a >= d) / len(lengths) for d in range(1, max(lengths) + 1)
-    )
+    return average_acceptance_length(sum(r.new_tokens - 1 for r in runs if r.new_tokens), rounds)
 
 
 def label(method: str) -> str:
@@ -90,7 +83,7 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
         tps = tokens / seconds if seconds > 0 else 0.0
         if method == "vanilla":
             base_tps = tps
-        eagle_like = any(r.accept_lengths for r in runs)
+        eagle_like = any(r.acceptance_lengths for r in runs)
         round_time = sum(r.seconds - r.ttft_s for r in runs)
         summaries[method] = MethodSummary(
             method=method, tokens=tokens, seconds=seconds, tokens_per_s=tps,
@@ -98,7 +91,7 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
             ttft_s=sum(r.ttft_s for r in runs) / len(runs),
             identical=sum(1 for r, v in zip(runs, vanilla_ids) if r.token_ids == v),
             tau=_tau(runs) if method not in _NO_ROUNDS else None,
-            accept_per_depth=_accept_per_depth(runs),
+            accept_per_depth=acceptance_per_depth([n for r in runs for n in r.acceptance_lengths]),
             draft_share=sum(r.draft_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
             verify_share=sum(r.verify_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
         )  # fmt: skip

@@ -20,7 +20,6 @@ from backend.bench.prompts import BenchPrompt
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.autotune import CostModel
 from backend.engine.device import hardware_name
-from backend.engine.loop import generate
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import LoadedPair
 from backend.services.prompting import prompt_ids
@@ -39,7 +38,7 @@ class MethodRun:
     seconds: float  # generation wall time, prefill included
     ttft_s: float
     rounds: int  # target forwards after the prefill (0 when unknown)
-    accept_lengths: tuple[int, ...]  # accepted drafts per round (EAGLE only)
+    acceptance_lengths: tuple[int, ...]  # tokens gained per round (EAGLE only; events.py)
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: tuple[int, ...] = ()
@@ -79,13 +78,10 @@ class BenchResult:
         }
 
 
-def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig, costs) -> MethodRun:
-    drafter = pair.drafter if config.mode == "eagle" else None
+def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
+    """Our engine on one prompt, stopping at EOS only, as ``model.generate()`` does."""
     sizes, summary = [], None
-    policy = pair.tree_policy(not config.sampling.greedy) if drafter is not None else None
-    for event in generate(
-        pair.runner, drafter, ids, config, pair.eos_ids, costs=costs, policy=policy
-    ):
+    for event in pair.engine.tokens_only().generate(ids, config):
         if isinstance(event, RoundCompleted) and event.round_index > 0:
             sizes.append(event.tree_size)
         elif isinstance(event, Finished):
@@ -94,7 +90,7 @@ def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig, costs
     return MethodRun(
         method=config.mode, token_ids=summary.token_ids, seconds=summary.total_s,
         ttft_s=summary.ttft_s, rounds=summary.rounds,
-        accept_lengths=summary.accept_lengths if config.mode == "eagle" else (),
+        acceptance_lengths=summary.acceptance_lengths if config.mode == "eagle" else (),
         draft_s=summary.draft_s, verify_s=summary.verify_s, tree_sizes=tuple(sizes),
         tree_shapes=summary.tree_shapes if config.mode == "eagle" else (),
     )  # fmt: skip
@@ -114,7 +110,7 @@ def _hf_generate(
     method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig, **extra: Any
 ) -> MethodRun:
     model = pair.model
-    inputs = torch.tensor([ids], device=pair.runner.device)
+    inputs = torch.tensor([ids], device=pair.engine.runner.device)
     sampling = config.sampling
     kwargs: dict[str, Any] = {"do_sample": not sampling.greedy, **extra}
     if not sampling.greedy:
@@ -124,12 +120,12 @@ def _hf_generate(
     with torch.inference_mode():
         output = model.generate(
             inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=config.max_new_tokens,
-            eos_token_id=list(pair.eos_ids) or None,
-            pad_token_id=pair.eos_ids[0] if pair.eos_ids else 0, **kwargs,
+            eos_token_id=list(pair.engine.eos_ids) or None,
+            pad_token_id=pair.engine.eos_ids[0] if pair.engine.eos_ids else 0, **kwargs,
         )  # fmt: skip
     seconds = time.perf_counter() - start
     new = tuple(output[0, len(ids) :].tolist())
-    return MethodRun(method, new, seconds, ttft_s=0.0, rounds=0, accept_lengths=())
+    return MethodRun(method, new, seconds, ttft_s=0.0, rounds=0, acceptance_lengths=())
 
 
 def median_run(runs: list[MethodRun]) -> MethodRun:
@@ -190,14 +186,14 @@ def run_bench(
     """Every prompt runs ``spec.repeats`` times per method, methods interleaved; the run with
     the median time per token counts, so a burst of load on a shared machine hits no method
     alone. With sampling the prompt set runs once per seed (seed s, prompt i: seed s*10007+i)."""
-    costs: CostModel | None = pair.tree_costs()
+    costs: CostModel | None = pair.engine.tree_costs()
     encoded = [
         prompt_ids(
             pair.tokenizer, [{"role": "user", "content": p.text}], prompt_format=pair.prompt_format
         )
         for p in prompts
     ]
-    _warm_up(pair, encoded[0], spec, costs)
+    _warm_up(pair, encoded[0], spec)
     seeds = max(1, spec.seeds) if spec.temperature > 0 else 1
     results: list[PromptResult] = []
     for seed in range(seeds):
@@ -214,13 +210,13 @@ def run_bench(
                         sampling=sampling, max_new_tokens=spec.max_new_tokens,
                         tree=spec.tree_for(method),
                     )  # fmt: skip
-                    runs[method].append(_measured(method, pair, ids, config, costs))
+                    runs[method].append(_measured(method, pair, ids, config))
             result.runs = {method: median_run(done) for method, done in runs.items()}
             results.append(result)
     settings = {
         "target": pair.target_path, "head": pair.head_path, "head_kind": pair.info.head_kind,
-        "device": str(pair.runner.device), "dtype": pair.info.dtype,
-        "machine": machine_description(pair.runner.device),
+        "device": str(pair.engine.runner.device), "dtype": pair.info.dtype,
+        "machine": machine_description(pair.engine.runner.device),
         "temperature": spec.temperature, "max_new_tokens": spec.max_new_tokens,
         "tree": spec.describe_tree(), "seeds": seeds,
         "num_prompts": len(prompts), "repeats": max(1, spec.repeats), "torch": torch.__version__,
@@ -232,22 +228,20 @@ def run_bench(
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
 
 
-def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec, costs) -> None:
+def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> None:
     """Kernel set-up and first-call costs land here, in no method's timings."""
-    run_engine(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8), costs)
+    run_engine(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))
     if "eagle" in spec.methods:
         config = GenerationConfig(mode="eagle", max_new_tokens=8, tree=spec.tree)
-        run_engine(pair, ids, config, costs)
+        run_engine(pair, ids, config)
     if "generate" in spec.methods:
         run_generate(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))
 
 
-def _measured(
-    method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig, costs
-) -> MethodRun:
+def _measured(method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
     """One run of ``method``, with the device's peak memory during it where the device has a
     counter for it (CUDA)."""
-    device = pair.runner.device
+    device = pair.engine.runner.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     if method == "prompt_lookup":
@@ -255,7 +249,7 @@ def _measured(
     elif method == "generate":
         run = run_generate(pair, ids, config)
     else:
-        run = run_engine(pair, ids, config, costs)
+        run = run_engine(pair, ids, config)
     if device.type == "cuda":
         run = dataclasses.replace(run, peak_memory_bytes=torch.cuda.max_memory_allocated(device))
     return dataclasses.replace(run, method=method)

@@ -23,6 +23,7 @@ import torch
 from backend.config import TreeConfig
 from backend.engine import kv
 from backend.engine.device import device_sync
+from backend.engine.progress import drain
 from backend.engine.replay import covers, replay_accepted
 from backend.engine.tree import DraftTree
 from backend.engine.verify import Acceptance
@@ -153,12 +154,7 @@ def measure_costs(
     runner, drafter, context: int = CALIBRATION_CONTEXT, repeats: int = 5
 ) -> CostModel:
     """``calibrate`` run to its end (callers that show no progress)."""
-    steps = calibrate(runner, drafter, context, repeats)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as finished:
-            return finished.value
+    return drain(calibrate(runner, drafter, context, repeats))
 
 
 def _branching(size: int) -> DraftTree:

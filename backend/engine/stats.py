@@ -1,6 +1,7 @@
 """Speculative-decoding statistics, accumulated per round and summarised once.
 
-Definitions (acceptance length, tau) live in backend/events.py and are applied here.
+Definitions (acceptance length, tau, acceptance per depth) live in backend/events.py and are
+applied here.
 """
 
 from __future__ import annotations
@@ -9,63 +10,56 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from backend.engine.autotune import CostModel
-from backend.events import GenerationSummary, StopReason
+from backend.events import (
+    GenerationSummary,
+    StopReason,
+    acceptance_per_depth,
+    average_acceptance_length,
+)
 
 
 @dataclass(slots=True)
 class SpecStats:
-    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
-    round_tokens: int = 0  # tokens emitted by verification rounds (prefill token excluded)
+    acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
+    ttft_s: float = 0.0  # the prefill's time to the first token
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
     tree_shapes: Counter[str] = field(default_factory=Counter)  # rounds per verified shape
 
-    def add_round(
-        self, accepted_drafts: int, emitted: int, tree_size: int, draft_s: float, verify_s: float
-    ) -> None:
-        self.accept_lengths.append(accepted_drafts)
-        self.round_tokens += emitted
+    def add_round(self, emitted: int, tree_size: int, draft_s: float, verify_s: float) -> None:
+        """One round that emitted ``emitted`` tokens after exact stopping: its acceptance
+        length."""
+        self.acceptance_lengths.append(emitted)
         self.tree_sizes.append(tree_size)
         self.draft_s += draft_s
         self.verify_s += verify_s
 
     @property
     def rounds(self) -> int:
-        return len(self.accept_lengths)
+        return len(self.acceptance_lengths)
 
     @property
     def tau(self) -> float:
-        return self.round_tokens / self.rounds if self.rounds else 0.0
-
-    def accept_per_depth(self) -> tuple[float, ...]:
-        """Fraction of rounds that accepted at least d drafts, for d = 1..max accepted."""
-        if not self.rounds:
-            return ()
-        deepest = max(self.accept_lengths)
-        return tuple(
-            sum(1 for a in self.accept_lengths if a >= d) / self.rounds
-            for d in range(1, deepest + 1)
-        )
+        return average_acceptance_length(sum(self.acceptance_lengths), self.rounds)
 
     def summary(
         self,
         new_token_ids: list[int],
         text: str,
         total_s: float,
-        ttft_s: float,
         stop_reason: StopReason,
+        stopped_by: str = "",
         hint: str = "",
     ) -> GenerationSummary:
         return GenerationSummary(
             new_tokens=len(new_token_ids),
             rounds=self.rounds,
-            target_forwards=self.rounds,
             tau=self.tau,
-            accept_lengths=tuple(self.accept_lengths),
-            accept_per_depth=self.accept_per_depth(),
+            acceptance_lengths=tuple(self.acceptance_lengths),
+            accept_per_depth=acceptance_per_depth(self.acceptance_lengths),
             tokens_per_s=len(new_token_ids) / total_s if total_s > 0 else 0.0,
-            ttft_s=ttft_s,
+            ttft_s=self.ttft_s,
             total_s=total_s,
             draft_s=self.draft_s,
             verify_s=self.verify_s,
@@ -73,6 +67,7 @@ class SpecStats:
             text=text,
             token_ids=tuple(new_token_ids),
             hint=hint,
+            stopped_by=stopped_by,
             tree_shapes=tuple(self.tree_shapes.most_common()),
         )
 

@@ -14,7 +14,7 @@ Three kinds of stop, collected once per loaded pair (``StopSpec``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backend.engine.detok import IncrementalDetokenizer
@@ -28,11 +28,6 @@ class StopSpec:
     eos_ids: frozenset[int] = frozenset()
     marker_ids: Mapping[int, str] = field(default_factory=dict)  # id -> marker text
     strings: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, stops: StopSpec | Iterable[int]) -> StopSpec:
-        """A StopSpec as is, or plain EOS ids (the engine's older calling convention)."""
-        return stops if isinstance(stops, StopSpec) else cls(eos_ids=frozenset(stops))
 
     def describe(self) -> str:
         """The markers and strings in words, for logs and the UI."""

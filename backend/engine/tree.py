@@ -112,12 +112,6 @@ class DraftTree:
                 kids[parent].append(index)
         return kids
 
-    @classmethod
-    def make_dummy(cls, parents: list[int], token_ids: list[int] | None = None) -> DraftTree:
-        """A tree of the given parent links (for tests); tokens default to 100 + index."""
-        tokens = token_ids if token_ids is not None else [100 + i for i in range(len(parents))]
-        return cls.from_parents(torch.tensor(tokens), torch.tensor(parents))
-
 
 def tree_attention_bias(
     tree: DraftTree,

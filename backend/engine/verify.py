@@ -37,10 +37,6 @@ class Acceptance:
     def last_node(self) -> int:
         return self.accepted_nodes[-1] if self.accepted_nodes else 0
 
-    @classmethod
-    def make_dummy(cls, accepted_nodes: tuple[int, ...] = (), tokens: tuple[int, ...] = (7,)):
-        return cls(accepted_nodes=accepted_nodes, token_ids=tokens, bonus_token_id=tokens[-1])
-
 
 def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Acceptance:
     """Longest path whose every draft equals the target's argmax at its parent; bonus = argmax

@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
-from backend.engine.autotune import (
-    CostModel,
-    TreePolicy,
-    calibrate,
-    calibration_steps,
-    measure_costs,
-)
+from backend.engine.autotune import CostModel, calibrate, calibration_steps
 from backend.engine.drafter import EagleDrafter
+from backend.engine.engine import Engine
+from backend.engine.progress import drain, relay
 from backend.engine.readout import speed_up_readout, uses_rows_first
-from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
@@ -47,45 +42,23 @@ from models.heads.base import DraftHead, execution_device
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 _LOAD_STEPS = 5
 
 
 @dataclass
 class LoadedPair:
-    """A loaded target, its tokenizer and optional head, with the engine objects built once."""
+    """A loaded target, its tokenizer and optional head, and the engine built on them once."""
 
     model: Any
     tokenizer: Any
     head: DraftHead | None
-    runner: TargetRunner
-    drafter: EagleDrafter | None
-    eos_ids: tuple[int, ...]
+    engine: Engine  # runner, drafter, stop rules, tree costs and tuning state
     target_path: str
     head_path: str | None
     info: PairInfo
-    stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
     prompt_format: str = "auto"  # see backend/services/prompting.py
-    costs: CostModel | None = None  # measured device costs for tree auto-tuning, once
-    calibration_s: float = 0.0  # time spent measuring them at load (0 when read from disk)
+    calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
     fast_readout: bool = False  # the output projection uses the rows-first CPU form
-    policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
-
-    def tree_costs(self) -> CostModel | None:
-        """Costs the tree auto-tuner needs: measured (or read from the cache) at load; timed
-        here only for a pair built by hand, without ``load_steps``."""
-        if self.costs is None and self.drafter is not None:
-            self.costs = measure_costs(self.runner, self.drafter)
-        return self.costs
-
-    def tree_policy(self, sampled: bool = False) -> TreePolicy | None:
-        """One auto-tuning policy per pair (and per greedy/sampled decoding, whose acceptance
-        differs), so each reply starts from what earlier ones learned."""
-        if self.drafter is None:
-            return None
-        if sampled not in self.policies:
-            self.policies[sampled] = TreePolicy.for_decoding(self.tree_costs(), sampled)
-        return self.policies[sampled]
 
 
 @dataclass
@@ -195,11 +168,11 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
+    engine = Engine(runner, drafter, tokenizer, stops, costs)
     return LoadedPair(
-        model=model, tokenizer=tokenizer, head=head, runner=runner, drafter=drafter,
-        eos_ids=tuple(sorted(stops.eos_ids)), target_path=prepared.target_path,
-        head_path=prepared.head_path, info=info, stops=stops, prompt_format=prompt_format,
-        costs=costs, calibration_s=calibration_s, fast_readout=fast_readout,
+        model=model, tokenizer=tokenizer, head=head, engine=engine,
+        target_path=prepared.target_path, head_path=prepared.head_path, info=info,
+        prompt_format=prompt_format, calibration_s=calibration_s, fast_readout=fast_readout,
     )  # fmt: skip
 
 
@@ -251,19 +224,6 @@ def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPai
     return drain(load_steps(prepare(config, target_path, head_path, expected_kind)))
 
 
-def drain(
-    steps: Generator[Progress, None, T], on_progress: Callable[[Progress], None] | None = None
-) -> T:
-    """Run a progress generator to its end and return its value (blocking callers)."""
-    while True:
-        try:
-            event = next(steps)
-        except StopIteration as done:
-            return done.value
-        if on_progress is not None:
-            on_progress(event)
-
-
 def calibrate_pair(
     prepared: PreparedLoad, runner: TargetRunner, drafter: EagleDrafter | None, dtype_name: str
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
@@ -283,14 +243,9 @@ def calibrate_pair(
     total = calibration_steps(has_drafter=True)
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     start = time.perf_counter()
-    steps = calibrate(runner, drafter)
-    while True:
-        try:
-            done = next(steps)
-        except StopIteration as finished:
-            costs = finished.value
-            break
-        yield Progress("calibrate", done, total, "steps", message)
+    costs = yield from relay(
+        calibrate(runner, drafter), lambda done: Progress("calibrate", done, total, "steps", message)
+    )
     seconds = time.perf_counter() - start
     calibration_cache.save_costs(key, costs)
     return costs, seconds

@@ -5,7 +5,7 @@
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` gives SSE
 ``data: {...}`` chunks and ``data: [DONE]``). Responses carry the acceptance statistics in an
-``eaglechat`` object (tau, accept_lengths, tokens_per_s, rounds...); in streaming, each chunk
+``eaglechat`` object (tau, acceptance_lengths, tokens_per_s, rounds...); in streaming, each chunk
 carries its round's accepted-draft count and the final chunk the statistics and usage.
 
 Standard library only (``ThreadingHTTPServer``): requests share the Backend's FIFO queue, so
@@ -158,7 +158,7 @@ def stats(summary: GenerationSummary, mode: str) -> dict[str, Any]:
     return {
         "mode": mode,
         "tau": summary.tau,
-        "accept_lengths": list(summary.accept_lengths),
+        "acceptance_lengths": list(summary.acceptance_lengths),
         "accept_per_depth": list(summary.accept_per_depth),
         "rounds": summary.rounds,
         "new_tokens": summary.new_tokens,

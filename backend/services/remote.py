@@ -32,6 +32,7 @@ from backend.events import (
     RoundCompleted,
     Started,
     TextSpan,
+    average_acceptance_length,
 )
 from backend.services.engine_metrics import SpecCounters, parse_spec_counters
 from backend.services.engine_server import importable_here
@@ -262,11 +263,11 @@ class _Reply:
         total = time.perf_counter() - self.started
         tokens = self.completion_tokens or len(self.token_ids) or self.chunks
         rounds = metrics.drafts
-        tau = (1 + metrics.accepted_tokens / rounds) if rounds else 1.0
+        tau = average_acceptance_length(rounds + metrics.accepted_tokens, rounds) if rounds else 1.0
         stop = STOP_REASONS.get(self.finish_reason, "eos")
         return GenerationSummary(
-            new_tokens=tokens, rounds=rounds, target_forwards=rounds, tau=tau,
-            accept_lengths=(), accept_per_depth=metrics.accepted_per_position,
+            new_tokens=tokens, rounds=rounds, tau=tau,
+            acceptance_lengths=(), accept_per_depth=metrics.accepted_per_position,
             tokens_per_s=tokens / total if total > 0 else 0.0, ttft_s=self.ttft_s,
             total_s=total, draft_s=0.0, verify_s=0.0, stop_reason=stop,  # type: ignore[arg-type]
             text=self.text, token_ids=self.token_ids,

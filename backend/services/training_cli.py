@@ -25,10 +25,11 @@ import torch
 
 from backend.config import GenerationConfig
 from backend.engine.drafter import EagleDrafter
-from backend.engine.loop import generate
+from backend.engine.engine import Engine
+from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
-from backend.events import Finished
+from backend.events import Finished, average_acceptance_length
 from backend.services.dtypes import DTYPES, resolve_dtype
 from backend.services.target_source import TargetSource, local_source
 from models.checkpoints import check_safetensors_folder
@@ -223,14 +224,15 @@ def make_tau_evaluator(
     num_layers = len(decoder_of(model).layers)
 
     def evaluate(head: DraftHead) -> float:
-        tokens = rounds = 0.0
+        tokens = rounds = 0
         for prompt in prompts:
             drafter = EagleDrafter(head, num_layers)
             runner = TargetRunner(model, drafter.feature_indices)
-            events = list(generate(runner, drafter, list(prompt), config, eos_ids))
+            engine = Engine(runner, drafter, stops=StopSpec(eos_ids=frozenset(eos_ids)))
+            events = list(engine.generate(list(prompt), config))
             summary = next(e for e in reversed(events) if isinstance(e, Finished)).summary
-            tokens += summary.tau * summary.rounds
+            tokens += sum(summary.acceptance_lengths)
             rounds += summary.rounds
-        return tokens / rounds if rounds else 0.0
+        return average_acceptance_length(tokens, rounds)
 
     return evaluate

@@ -30,6 +30,7 @@ from backend.events import (
     RoundCompleted,
     Started,
     TextSpan,
+    average_acceptance_length,
 )
 from backend.services.catalog import PairSpec
 
@@ -65,9 +66,8 @@ def summary_of(
     return GenerationSummary(
         new_tokens=len(token_ids),
         rounds=len(verify),
-        target_forwards=len(verify),
-        tau=sum(len(r.token_ids) for r in verify) / len(verify) if verify else 0.0,
-        accept_lengths=tuple(r.num_accepted_drafts for r in verify),
+        tau=average_acceptance_length(sum(len(r.token_ids) for r in verify), len(verify)),
+        acceptance_lengths=tuple(len(r.token_ids) for r in verify),
         accept_per_depth=(),
         tokens_per_s=len(token_ids) / seconds,
         ttft_s=rounds[0].elapsed_s if rounds else 0.0,

@@ -48,6 +48,6 @@ def test_app_imports_only_the_backend_facade(path: Path) -> None:
 def test_the_checker_catches_a_bad_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
-        "import torch\nfrom backend.engine.loop import generate\nfrom backend import api\n"
+        "import torch\nfrom backend.engine.engine import Engine\nfrom backend import api\n"
     )
-    assert imported_modules(bad) == ["torch", "backend.engine.loop", "backend", "backend.api"]
+    assert imported_modules(bad) == ["torch", "backend.engine.engine", "backend", "backend.api"]

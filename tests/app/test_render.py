@@ -67,7 +67,7 @@ def test_live_stats_follow_the_rounds() -> None:
     for event in rounds[1:]:
         stats.update(event)
     # rounds 1..3 accepted 2, 0, 3 drafts: acceptance lengths 3, 1, 4
-    assert stats.accept_lengths == [3, 1, 4]
+    assert stats.acceptance_lengths == [3, 1, 4]
     assert stats.new_tokens == 1 + 3 + 1 + 4
     assert stats.tau == pytest.approx(8 / 3)
     assert stats.tokens_per_forward == pytest.approx(9 / 4)  # prefill forward counted

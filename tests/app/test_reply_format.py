@@ -15,7 +15,6 @@ from app.chat_tab import ChatController, backend_messages
 from app.reply_format import reply_markdown
 from app.session import Session
 from backend.config import GenerationConfig, LoadConfig
-from backend.engine.loop import generate
 from backend.events import Finished
 from backend.services.loading import load_pair
 from backend.services.prompting import prompt_ids
@@ -49,9 +48,7 @@ def demo_replies() -> dict[str, str]:
     for prompt in (CODE_PROMPT, ARITHMETIC_PROMPT):
         ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": prompt}])
         config = GenerationConfig(max_new_tokens=48)
-        events = list(
-            generate(pair.runner, pair.drafter, ids, config, pair.eos_ids, pair.tokenizer)
-        )
+        events = list(pair.engine.generate(ids, config))
         assert isinstance(events[-1], Finished)
         replies[prompt] = events[-1].summary.text
     return replies

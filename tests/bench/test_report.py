@@ -31,9 +31,9 @@ def hand_made() -> BenchResult:
     ):
         prompt = PromptResult(BenchPrompt(str(index), "x", "hi"))
         prompt.runs["vanilla"] = MethodRun("vanilla", vanilla_ids, seconds=2.0, ttft_s=0.5,
-                                           rounds=len(vanilla_ids) - 1, accept_lengths=())  # fmt: skip
+                                           rounds=len(vanilla_ids) - 1, acceptance_lengths=())  # fmt: skip
         prompt.runs["eagle"] = MethodRun("eagle", eagle_ids, seconds=0.5, ttft_s=0.1, rounds=1,
-                                         accept_lengths=(len(eagle_ids) - 2,), draft_s=0.1,
+                                         acceptance_lengths=(len(eagle_ids) - 1,), draft_s=0.1,
                                          verify_s=0.2)  # fmt: skip
         prompt.runs["prompt_lookup"] = MethodRun("prompt_lookup", vanilla_ids, 1.0, 0.0, 0, ())
         prompts.append(prompt)
@@ -52,7 +52,7 @@ def test_ratios_tau_and_identity_counts() -> None:
     assert eagle.identical == 1 and lookup.identical == 2 and vanilla.identical == 2
     assert eagle.tau == pytest.approx((3 + 1) / 2)  # tokens after the first / rounds
     assert vanilla.tau == pytest.approx(1.0)
-    assert eagle.accept_per_depth == (0.5, 0.5)  # accepted 2 and 0 drafts
+    assert eagle.accept_per_depth == (0.5, 0.5)  # gained 3 and 1 tokens: 2 and 0 drafts
     assert eagle.draft_share == pytest.approx(0.2 / 0.8)  # drafting / time after the prefill
     table = to_markdown(hand_made(), summary, "python launch.py bench")
     assert "| EAGLE | 6.0 | 4.00x | 2.00 | 1/2 |" in table

@@ -6,7 +6,6 @@ import torch
 
 from backend.bench.synthetic import SHAPES, synthetic_config, write_synthetic_pair
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.events import Finished
 from backend.services.loading import load_pair
 
@@ -33,7 +32,7 @@ def test_tiny_synthetic_pair_loads_and_stays_lossless(tmp_path) -> None:
         config = GenerationConfig(
             mode=mode, max_new_tokens=12, tree=TreeConfig(total_tokens=8, depth=4, top_k=2)
         )
-        events = list(generate(pair.runner, pair.drafter, ids, config, pair.eos_ids))
+        events = list(pair.engine.generate(ids, config))
         outputs[mode] = next(e for e in events if isinstance(e, Finished)).summary.token_ids
     assert outputs["eagle"] == outputs["vanilla"] and len(outputs["vanilla"]) >= 1
 

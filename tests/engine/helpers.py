@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from backend.config import GenerationConfig
 from backend.engine.drafter import EagleDrafter
-from backend.engine.loop import generate
+from backend.engine.engine import Engine
+from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.events import Finished, GenerationSummary, RoundCompleted
 
@@ -17,11 +18,10 @@ def make_runner(target, head=None) -> tuple[TargetRunner, EagleDrafter | None]:
 
 
 def run(runner, drafter, prompt, **config) -> tuple[GenerationSummary, list[RoundCompleted]]:
-    eos_ids = config.pop("eos_ids", ())
-    costs = config.pop("costs", None)
-    events = list(
-        generate(runner, drafter, prompt, GenerationConfig(**config), eos_ids=eos_ids, costs=costs)
-    )
+    """One generation on a fresh engine (no tuning carried over from an earlier run)."""
+    stops = StopSpec(eos_ids=frozenset(config.pop("eos_ids", ())))
+    engine = Engine(runner, drafter, stops=stops, costs=config.pop("costs", None))
+    events = list(engine.generate(prompt, GenerationConfig(**config)))
     assert isinstance(events[-1], Finished), events[-1]
     rounds = [e for e in events if isinstance(e, RoundCompleted)]
     return events[-1].summary, rounds

@@ -4,13 +4,13 @@ stream never shows part of a stop string."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from backend.config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.engine.stopping import StopCheck, StopSpec, StopStringFilter
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import load_pair
@@ -107,7 +107,8 @@ def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int 
         mode=mode, max_new_tokens=40, tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
         sampling=SamplingConfig(temperature=temperature, seed=seed),
     )  # fmt: skip
-    events = list(generate(pair.runner, pair.drafter, ids, config, stops, pair.tokenizer))
+    engine = dataclasses.replace(pair.engine, stops=stops)  # same runner, drafter and costs
+    events = list(engine.generate(ids, config))
     rounds = [e for e in events if isinstance(e, RoundCompleted)]
     assert isinstance(events[-1], Finished)
     return events[-1].summary, rounds
@@ -154,9 +155,9 @@ def test_demo_pair_stops_before_a_turn_marker_token(demo_pair) -> None:
 
 
 def test_loaded_demo_pair_never_emits_an_invented_turn(demo_pair) -> None:
-    markers = demo_pair.stops.marker_ids
+    markers = demo_pair.engine.stops.marker_ids
     assert demo_pair.tokenizer.convert_tokens_to_ids("<|user|>") in markers
     for seed in range(4):
-        summary, _ = reply(demo_pair, demo_pair.stops, temperature=1.0, seed=seed)
+        summary, _ = reply(demo_pair, demo_pair.engine.stops, temperature=1.0, seed=seed)
         assert not set(summary.token_ids) & set(markers)
         assert "<|" not in summary.text

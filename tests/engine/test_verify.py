@@ -26,8 +26,12 @@ PARENTS = [-1, 0, 1, 2, 0, 4, 1]
 TOKENS = [9, 11, 12, 13, 14, 15, 16]
 
 
+def tree_of(parents: list[int], tokens: list[int]) -> DraftTree:
+    return DraftTree.from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+
 def test_perfect_chain_accepts_everything_plus_bonus() -> None:
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     #            after: root 1   2   3  4  5  6
     acc = greedy_accept(tree, logits_wanting([11, 12, 13, 7, 0, 0, 0]))
     assert acc.accepted_nodes == (1, 2, 3)
@@ -36,21 +40,21 @@ def test_perfect_chain_accepts_everything_plus_bonus() -> None:
 
 
 def test_early_mismatch_takes_the_other_branch() -> None:
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     acc = greedy_accept(tree, logits_wanting([14, 12, 13, 7, 15, 3, 0]))
     assert acc.accepted_nodes == (4, 5)
     assert acc.token_ids == (14, 15, 3)
 
 
 def test_nothing_accepted_gives_the_targets_own_token() -> None:
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     acc = greedy_accept(tree, logits_wanting([2, 12, 13, 7, 15, 3, 0]))
     assert acc.accepted_nodes == ()
     assert acc.token_ids == (2,)
 
 
 def test_partial_path_stops_at_first_wrong_node() -> None:
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     # 1 is right, 2 is wrong (target wants 16 after node 1 -> sibling 6 is right instead)
     acc = greedy_accept(tree, logits_wanting([11, 16, 13, 7, 0, 0, 4]))
     assert acc.accepted_nodes == (1, 6)
@@ -64,7 +68,7 @@ def test_root_only_tree_is_plain_decoding() -> None:
 
 
 def test_tree_shape_helpers() -> None:
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     assert tree.depths.tolist() == [0, 1, 2, 3, 1, 2, 2]
     assert tree.ancestors[3].nonzero().flatten().tolist() == [0, 1, 2, 3]
     assert tree.ancestors[6].nonzero().flatten().tolist() == [0, 1, 6]
@@ -73,7 +77,7 @@ def test_tree_shape_helpers() -> None:
 
 def test_sampling_with_certain_target_accepts_like_greedy() -> None:
     """A one-hot target distribution leaves no randomness: sampling = greedy."""
-    tree = DraftTree.make_dummy(PARENTS, TOKENS)
+    tree = tree_of(PARENTS, TOKENS)
     logits = logits_wanting([11, 12, 13, 7, 0, 0, 0]) * 100
     acc = sample_accept(tree, logits, SamplingConfig(temperature=1.0), make_generator(0))
     assert acc.token_ids == (11, 12, 13, 7)
@@ -85,7 +89,7 @@ def test_sampling_rule_is_exact_for_one_node(top_p: float) -> None:
     the drafted children are (10k draws; total-variation distance well under 0.03)."""
     torch.manual_seed(0)
     logits = torch.randn(7, V)
-    tree = DraftTree.make_dummy(PARENTS, [9, int(logits[0].argmax()), 12, 13, 3, 15, 16])
+    tree = tree_of(PARENTS, [9, int(logits[0].argmax()), 12, 13, 3, 15, 16])
     sampling = SamplingConfig(temperature=1.0, top_p=top_p)
     from backend.engine.sampling import processed_probs
 

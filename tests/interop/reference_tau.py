@@ -25,7 +25,6 @@ from pathlib import Path
 from safetensors import safe_open
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.services.loading import load_pair
 from tests.interop.side_venv import OFFICIAL, SIDE_VENVS
 from tests.interop.test_vllm_served import chat_prompts
@@ -81,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = chat_prompts(pair.tokenizer, args.prompts)
     tree = TreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, tree=tree)
-    ours = [list(generate(pair.runner, pair.drafter, p, config, eos_ids=pair.eos_ids))[-1].summary
-            for p in prompts]  # fmt: skip
+    engine = pair.engine.tokens_only()
+    ours = [list(engine.generate(p, config))[-1].summary for p in prompts]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         target = transformers4_copy(Path(args.target), work / "target")
@@ -98,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         theirs = json.loads((work / "answer.json").read_text())
     our_tokens = sum(len(s.token_ids) for s in ours)
     our_rounds = sum(s.rounds for s in ours)
-    their_tokens = sum(len(up_to_eos(r["ids"], pair.eos_ids)) for r in theirs)
+    their_tokens = sum(len(up_to_eos(r["ids"], pair.engine.eos_ids)) for r in theirs)
     their_rounds = sum(r["rounds"] for r in theirs)
     for summary, result in zip(ours, theirs, strict=True):
-        same = list(summary.token_ids) == up_to_eos(result["ids"], pair.eos_ids)
+        same = list(summary.token_ids) == up_to_eos(result["ids"], pair.engine.eos_ids)
         print(f"ours {len(summary.token_ids)}/{summary.rounds}  reference "
-              f"{len(up_to_eos(result['ids'], pair.eos_ids))}/{result['rounds']}  "
+              f"{len(up_to_eos(result['ids'], pair.engine.eos_ids))}/{result['rounds']}  "
               f"identical {same}")  # fmt: skip
     our_tau, their_tau = our_tokens / our_rounds, their_tokens / their_rounds
     print(f"tau: ours {our_tau:.2f}, reference {their_tau:.2f} (tree {args.total_tokens}/"

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.services.export_cli import export
 from backend.services.loading import load_pair
 from tests.interop.vllm_server import VllmServer, cpu_spec
@@ -52,11 +51,9 @@ def our_chain_acceptance(pair, prompts: list[list[int]]) -> tuple[float, list[li
     drafted = accepted = 0
     outputs = []
     for prompt in prompts:
-        summary = list(generate(pair.runner, pair.drafter, prompt, config, eos_ids=pair.eos_ids))[
-            -1
-        ].summary
+        summary = list(pair.engine.tokens_only().generate(prompt, config))[-1].summary
         drafted += SPECULATIVE_TOKENS * summary.rounds
-        accepted += sum(summary.accept_lengths)
+        accepted += sum(summary.acceptance_lengths) - summary.rounds  # drafts: minus bonuses
         outputs.append(list(summary.token_ids))
     return accepted / drafted, outputs
 

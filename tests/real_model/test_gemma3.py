@@ -7,6 +7,7 @@ the install command instead of being skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -19,7 +20,6 @@ import pytest
 import torch
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.engine.loop import generate
 from backend.engine.tree import DraftTree
 from backend.events import Finished, RoundCompleted
 from backend.services.catalog import REPO_ROOT, find_pair
@@ -53,7 +53,8 @@ def long_prompt(pair: LoadedPair, tokens: int) -> list[int]:
 
 
 def run_engine(pair: LoadedPair, prompt: list[int], config: GenerationConfig):
-    events = list(generate(pair.runner, pair.drafter, prompt, config, eos_ids=()))
+    no_stops = dataclasses.replace(config, stop_on_eos=False)  # only the budget ends a reply
+    events = list(pair.engine.generate(prompt, no_stops))
     summary = next(e for e in events if isinstance(e, Finished)).summary
     return summary, [e for e in events if isinstance(e, RoundCompleted)]
 
@@ -62,7 +63,7 @@ def test_loads_from_the_package_as_a_gguf_base_model(gemma: LoadedPair) -> None:
     assert gemma.info.architecture == "Gemma3ForCausalLM"
     assert gemma.info.vocab_size == 262144 and len(gemma.tokenizer) == 262144
     assert gemma.info.prompt_format == "plain completion"  # a base model: no chat template
-    layout = gemma.runner.layout
+    layout = gemma.engine.runner.layout
     assert layout.per_type_masks and layout.windows["sliding_attention"] == 512
 
 
@@ -92,7 +93,7 @@ def test_tree_rows_see_what_sequential_decoding_sees_past_the_window(gemma: Load
     """A branching tree after 1,500 tokens: each node's logits equal a plain forward of the
     prefix plus its path, whatever the head drafts (every layer type's mask is exact)."""
     prefix = long_prompt(gemma, CONTEXT)
-    runner = gemma.runner
+    runner = gemma.engine.runner
     cache = runner.new_cache()
     runner.prefill(torch.tensor(prefix[:-1]), cache, with_features=False)
     parents = torch.tensor([-1, 0, 0, 1, 3])  # two branches, one path 3 deep

@@ -202,7 +202,7 @@ def test_vanilla_estimate_comes_from_calibration_only(saved_pairs: SavedPairs) -
     list(backend.load(LoadConfig(str(saved_pairs.target))))
     assert backend.estimated_vanilla_speed() is None  # no head: nothing calibrated to show
     list(backend.load(LoadConfig(str(saved_pairs.target), str(saved_pairs.head))))
-    costs = backend.pair.costs  # calibrated while loading, before any reply
+    costs = backend.pair.engine.costs  # calibrated while loading, before any reply
     assert costs is not None
     assert backend.estimated_vanilla_speed() == pytest.approx(1.0 / costs.verify(1))
     backend.unload()

@@ -8,8 +8,9 @@ import os
 import pytest
 
 from backend.config import LoadConfig
+from backend.engine.progress import drain
 from backend.services import calibration_cache
-from backend.services.loading import drain, load_steps, prepare
+from backend.services.loading import load_steps, prepare
 from models.checkpoints import save_head
 from tests.factories import easy_llama_pair, tiny_tokenizer
 
@@ -66,7 +67,7 @@ def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
             calibration_cache.calibration_key(
                 str(pair_on_disk / "target"),
                 str(pair_on_disk / "head"),
-                again.runner.device,
+                again.engine.runner.device,
                 "float32",
                 "none",
             )  # fmt: skip

@@ -73,7 +73,7 @@ def test_non_streaming_completion_carries_the_statistics(loaded) -> None:
     assert choice["finish_reason"] in ("stop", "length")
     stats = body["eaglechat"]
     assert stats["mode"] == "eagle"
-    assert len(stats["accept_lengths"]) == stats["rounds"] > 0
+    assert len(stats["acceptance_lengths"]) == stats["rounds"] > 0
     assert stats["tau"] > 1.0 and stats["tokens_per_s"] > 0
     assert body["usage"]["completion_tokens"] == stats["new_tokens"] <= 12
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + stats["new_tokens"]
@@ -109,7 +109,7 @@ def test_streaming_completion_sends_sse_chunks_then_done(loaded) -> None:
     assert final["choices"][0]["finish_reason"] in ("stop", "length")
     stats = final["eaglechat"]
     # round 0 is the prefill's token; the statistics count the verification rounds after it
-    assert [c["eaglechat"]["accepted_drafts"] for c in rounds[1:]] == stats["accept_lengths"]
+    assert [c["eaglechat"]["tokens"] for c in rounds[1:]] == stats["acceptance_lengths"]
     assert sum(c["eaglechat"]["tokens"] for c in rounds) == stats["new_tokens"]
     assert final["usage"]["completion_tokens"] == stats["new_tokens"]
 

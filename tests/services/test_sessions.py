@@ -89,7 +89,7 @@ def test_stop_from_another_thread(backend: Backend) -> None:
 def test_concurrent_requests_run_one_at_a_time_in_arrival_order(backend: Backend) -> None:
     pair = backend.pair
     assert pair is not None
-    model = pair.runner.model
+    model = pair.engine.runner.model
     original_forward = model.forward
     active, peak, lock = [0], [0], threading.Lock()
 

@@ -1,0 +1,102 @@
+"""The engine of one loaded pair: everything a generation needs besides the request itself.
+
+    engine = Engine(runner, drafter, tokenizer, stops, costs)
+    for event in engine.generate(prompt_ids, config):
+        ...
+
+It owns the target runner, the drafter, the tokenizer, the stop rules and the tree auto-tuner's
+state (the measured device costs and one ``TreePolicy`` per greedy/sampled decoding), so every
+reply through it starts from what earlier replies taught the tuner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.config import GenerationConfig
+from backend.engine.autotune import CostModel, TreePolicy, measure_costs
+from backend.engine.drafter import Drafter
+from backend.engine.loop import Decoding, check_prompt, stop_check
+from backend.engine.stopping import ReplyText, StopSpec
+from backend.engine.target import TargetRunner
+from backend.events import GenerationEvent, Started
+
+
+@dataclass
+class Engine:
+    """A target runner and (for EAGLE) its drafter, with what every request shares."""
+
+    runner: TargetRunner
+    drafter: Drafter | None = None
+    tokenizer: Any = None  # None: no reply text, token ids only
+    stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
+    costs: CostModel | None = None  # device costs for tree auto-tuning, measured once
+    policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self.stops.eos_ids))
+
+    def tree_costs(self) -> CostModel | None:
+        """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
+        timed here, once, only for an engine built by hand. None without a drafter."""
+        if self.costs is None and self.drafter is not None:
+            self.costs = measure_costs(self.runner, self.drafter)
+        return self.costs
+
+    def tree_policy(self, sampled: bool = False) -> TreePolicy | None:
+        """One auto-tuning policy per engine (and per greedy/sampled decoding, whose acceptance
+        differs), so each reply starts from what earlier ones learned."""
+        if self.drafter is None:
+            return None
+        if sampled not in self.policies:
+            self.policies[sampled] = TreePolicy.for_decoding(self.tree_costs(), sampled)
+        return self.policies[sampled]
+
+    def tokens_only(self) -> Engine:
+        """This engine (same runner, drafter, costs and tuning state) stopping at EOS ids only
+        and making no reply text: the benchmark's view, comparable with ``model.generate()``."""
+        self.tree_costs()  # measured here so that both views share them
+        return dataclasses.replace(self, tokenizer=None, stops=StopSpec(eos_ids=self.stops.eos_ids))
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Stream one generation. Raises InputError before the first event on bad input.
+        ``config.stop_on_eos=False`` turns every stop rule off (the budget still holds)."""
+        check_prompt(prompt_ids, self.runner)
+        decoding = self._decoding(len(prompt_ids), config, request_id or uuid.uuid4().hex[:12])
+        yield Started(decoding.request_id, config.mode, len(prompt_ids))
+        yield decoding.prefill(prompt_ids)
+        while decoding.stop_reason is None:
+            if cancel is not None and cancel.is_set():
+                decoding.stop_reason = "cancelled"
+                break
+            yield decoding.round()
+        yield decoding.finish(self.costs)
+
+    def _decoding(self, prompt_tokens: int, config: GenerationConfig, request_id: str) -> Decoding:
+        drafter = self.drafter if config.mode == "eagle" else None
+        policy = None
+        if drafter is not None and config.tree.auto:
+            policy = self.tree_policy(sampled=not config.sampling.greedy)
+        stops = self.stops if config.stop_on_eos else StopSpec()
+        return Decoding(
+            request_id=request_id,
+            target=self.runner,
+            drafter=drafter,
+            policy=policy,
+            config=config,
+            stops=stops,
+            stop=stop_check(config, stops, self.runner, prompt_tokens),
+            reply=ReplyText(self.tokenizer, stops.strings) if self.tokenizer is not None else None,
+        )
