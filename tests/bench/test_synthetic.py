@@ -53,4 +53,4 @@ def test_synthetic_target_is_built_in_its_dtype_without_a_float32_copy(tmp_path)
     assert len(created) >= SHAPES["tiny"]["num_hidden_layers"] * 9  # 7 linears + 2 norms each
     assert {dtype for _, dtype in created} == {torch.bfloat16}
     pair = load_pair(LoadConfig(target=str(target), dtype="bfloat16"))
-    assert pair.runner.dtype == torch.bfloat16
+    assert pair.engine.runner.dtype == torch.bfloat16

@@ -35,12 +35,12 @@ def load(root, dtype: str = "float32"):
 
 def test_first_load_calibrates_with_progress_and_the_second_reads_the_cache(pair_on_disk) -> None:
     first, progress = load(pair_on_disk)
-    assert first.costs is not None and first.calibration_s > 0
+    assert first.engine.costs is not None and first.calibration_s > 0
     assert len(progress) > 10 and progress[-1].done == progress[-1].total
     assert len(list(calibration_cache.cache_dir().glob("*.json"))) == 1
     second, progress = load(pair_on_disk)
     assert second.calibration_s == 0.0
-    assert second.costs == first.costs
+    assert second.engine.costs == first.engine.costs
     assert len(progress) == 1 and "cache" in progress[0].message
 
 
@@ -61,7 +61,7 @@ def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
     (entry,) = calibration_cache.cache_dir().glob("*.json")
     entry.write_text("{not json")
     again, _ = load(pair_on_disk)
-    assert again.calibration_s > 0 and again.costs is not None
+    assert again.calibration_s > 0 and again.engine.costs is not None
     assert (
         calibration_cache.load_costs(
             calibration_cache.calibration_key(
@@ -72,7 +72,7 @@ def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
                 "none",
             )  # fmt: skip
         )
-        == again.costs
+        == again.engine.costs
     )
 
 
@@ -82,4 +82,4 @@ def test_an_unwritable_cache_only_means_measuring_again(pair_on_disk, monkeypatc
     monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(blocker))
     first, _ = load(pair_on_disk)
     second, _ = load(pair_on_disk)
-    assert first.costs is not None and second.calibration_s > 0
+    assert first.engine.costs is not None and second.calibration_s > 0
