@@ -244,7 +244,8 @@ def calibrate_pair(
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     start = time.perf_counter()
     costs = yield from relay(
-        calibrate(runner, drafter), lambda done: Progress("calibrate", done, total, "steps", message)
+        calibrate(runner, drafter),
+        lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start
     calibration_cache.save_costs(key, costs)
