@@ -208,6 +208,30 @@ def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int, top_k: 
 _UNKNOWN = object()
 
 
+def _fade(old: float | None, new: float) -> float:
+    return new if old is None else old + EMA * (new - old)
+
+
+@dataclass
+class TimeScales:
+    """Real round time / calibrated round time, as fading averages: per shape (None = a plain
+    step), per family (plain, chain, tree) and over all rounds."""
+
+    shapes: dict[TreeConfig | None, float] = field(default_factory=dict)
+    families: dict[str, float] = field(default_factory=dict)
+    overall: float | None = None
+
+    def of(self, tree: TreeConfig | None) -> float:
+        """The shape's own ratio once it ran, else its family's, else that of all rounds."""
+        return self.shapes.get(tree) or self.families.get(_family(tree)) or self.overall or 1.0
+
+    def observe(self, tree: TreeConfig | None, ratio: float) -> None:
+        family = _family(tree)
+        self.shapes[tree] = _fade(self.shapes.get(tree), ratio)
+        self.families[family] = _fade(self.families.get(family), ratio)
+        self.overall = _fade(self.overall, ratio)
+
+
 @dataclass
 class TreePolicy:
     """Per-generation choice of the next round's tree (None = a plain step, no drafting).
@@ -233,8 +257,7 @@ class TreePolicy:
     # Paired with the same rounds, the ratio of the two sums compares shapes on the same text.
     measured: dict[TreeConfig, tuple[float, float, float]] = field(default_factory=dict)
     reference_tokens: float = 1.0 + PRIOR_RATE  # tokens/round of the one-draft shape, lately
-    # real round time / calibrated round time, per shape and per family ("plain", "chain", "tree")
-    time_scale: dict[object, float] = field(default_factory=dict)
+    time_scale: TimeScales = field(default_factory=TimeScales)
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
     rounds_since_scout: int = 0
@@ -301,16 +324,12 @@ class TreePolicy:
         took (drafting bookkeeping and Python overhead that one forward's timing misses): the
         shape's own ratio once it ran, else its family's (plain, chain, tree), else that of all
         rounds (a plain step not taken for a while pays the same overheads as the rest)."""
-        scales = self.time_scale
-        scale = scales.get(tree) or scales.get(_family(tree)) or scales.get("any", 1.0)
-        return self.costs.round_s(tree) * scale
+        return self.costs.round_s(tree) * self.time_scale.of(tree)
 
     def observe_time(self, tree: TreeConfig | None, seconds: float) -> None:
         """Learn from one real round's wall time (drafting, verification and bookkeeping)."""
         ratio = min(max(seconds / self.costs.round_s(tree), 0.5), 4.0)  # a stall is no lesson
-        for key in (tree, _family(tree), "any"):
-            old = self.time_scale.get(key)
-            self.time_scale[key] = ratio if old is None else old + EMA * (ratio - old)
+        self.time_scale.observe(tree, ratio)
         self._best = _UNKNOWN
 
     def expected_tokens(self, tree: TreeConfig) -> float:
