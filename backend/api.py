@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from backend.config import GenerationConfig, LoadConfig
+from backend.engine.device import choose_device
 from backend.engine.loop import generate
 from backend.engine.stats import SpecStats
 from backend.errors import ConfigError, EagleChatError
@@ -50,7 +51,7 @@ from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
 from backend.services.hub_progress import format_bytes
-from backend.services.loading import LoadedPair, default_device, drain, load_steps, prepare
+from backend.services.loading import LoadedPair, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.remote import RemoteEngine
 from backend.services.sessions import GenerationQueue
@@ -299,7 +300,7 @@ class Backend:
     def default_dtype(self, preferred: str = "auto") -> str:
         """The dtype "auto" picks on this machine for a pair whose catalog prefers
         ``preferred`` (e.g. float32 instead of the catalog's bfloat16 on a CPU)."""
-        return choose_dtype("auto", default_device(), preferred)
+        return choose_dtype("auto", choose_device(), preferred)
 
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed

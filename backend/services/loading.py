@@ -31,6 +31,7 @@ from backend.engine.autotune import (
     calibration_steps,
     measure_costs,
 )
+from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.readout import speed_up_readout, uses_rows_first
 from backend.engine.stopping import StopSpec
@@ -99,11 +100,6 @@ class PreparedLoad:
     head: DraftHead | None
 
 
-def default_device() -> torch.device:
-    """The one place a default device is chosen: the first GPU if any, else the CPU."""
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-
-
 def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
     """A local directory or .gguf file as is; otherwise a Hub id resolved from the local cache.
     With ``gguf_file`` the result is that file's path inside the folder."""
@@ -149,7 +145,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = prepared.config
-    device = default_device()
+    device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
     quant = quantization_config(config.quantization, dtype)
