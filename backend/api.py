@@ -45,12 +45,12 @@ from backend.events import (
     RaceEvent,
     RoundCompleted,
     Started,
+    format_bytes,
 )
 from backend.services import hub_mode, planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
-from backend.services.hub_progress import format_bytes
 from backend.services.loading import LoadedPair, drain, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.remote import RemoteEngine

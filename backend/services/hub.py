@@ -46,13 +46,9 @@ from backend.errors import (
     NetworkError,
     RepoNotFoundError,
 )
+from backend.events import format_bytes
 from backend.services.hub_mode import offline_env
-from backend.services.hub_progress import (
-    DownloadMeter,
-    ProgressCallback,
-    bar_class,
-    format_bytes,
-)
+from backend.services.hub_progress import DownloadMeter, ProgressCallback, bar_class
 
 logger = logging.getLogger(__name__)
 

@@ -22,15 +22,6 @@ ProgressCallback = Callable[[Progress], None]
 PROGRESS_INTERVAL_S = 0.2  # at most this often a byte event, plus one at each file boundary
 
 
-def format_bytes(num: float) -> str:
-    """Human-readable size in decimal units, as the Hub shows them."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(num) < 1000:
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1000
-    return f"{num:.1f} TB"
-
-
 class DownloadMeter:
     """Whole-plan progress: ``unit="bytes"`` events (monotonic, files already on disk count as
     done from the start) and ``unit="files"`` events at the start and after each file."""

@@ -23,11 +23,11 @@ import torch
 from backend.config import LoadConfig
 from backend.engine.device import choose_device
 from backend.errors import HubError, ResourceError
-from backend.events import PairPlan, Progress, RepoSize
+from backend.events import PairPlan, Progress, RepoSize, format_bytes
 from backend.services import hub
 from backend.services.dtypes import resolve_dtype
 from backend.services.hub_mode import offline_env
-from backend.services.hub_progress import ProgressCallback, format_bytes
+from backend.services.hub_progress import ProgressCallback
 from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
 from models.checkpoints import check_safetensors
