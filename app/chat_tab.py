@@ -49,18 +49,16 @@ def generation_config(
     temperature: float,
     top_p: float,
     max_new_tokens: float,
-    tree_auto: bool,
-    total_tokens: float,
-    depth: float,
-    top_k: float,
+    tree: tuple[bool, float, float, float],
 ) -> GenerationConfig:
-    """UI values -> GenerationConfig; invalid settings become a gr.Error naming the value."""
+    """UI values -> GenerationConfig; invalid settings become a gr.Error naming the value.
+    ``tree`` holds the tree controls' values: auto, total tokens, depth, top-k."""
     try:
         return GenerationConfig(
             mode=mode,  # type: ignore[arg-type]
             max_new_tokens=int(max_new_tokens),
             sampling=SamplingConfig(temperature=float(temperature), top_p=float(top_p)),
-            tree=tree_config(tree_auto, total_tokens, depth, top_k),
+            tree=tree_config(*tree),
         )
     except EagleChatError as err:
         raise gr.Error(f"{err.message} ({err.hint})" if err.hint else err.message) from err
@@ -114,9 +112,8 @@ class ChatController:
         text = (message or "").strip()
         if not text:
             raise gr.Error("Type a message first.")
-        config = generation_config(
-            mode, temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
-        )
+        tree = (tree_auto, total_tokens, depth, top_k)
+        config = generation_config(mode, temperature, top_p, max_new_tokens, tree)
         history = [*(history or []), {"role": "user", "content": text}]
         yield from self._reply(history, system_prompt, config, session)
 
@@ -140,9 +137,8 @@ class ChatController:
             history.pop()
         if not history:
             raise gr.Error("Nothing to regenerate yet.")
-        config = generation_config(
-            mode, temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
-        )
+        tree = (tree_auto, total_tokens, depth, top_k)
+        config = generation_config(mode, temperature, top_p, max_new_tokens, tree)
         yield from self._reply(history, system_prompt, config, session)
 
     def _reply(

@@ -88,9 +88,8 @@ class RaceController:
         text = (prompt or "").strip()
         if not text:
             raise gr.Error("Type a prompt first.")
-        config = generation_config(
-            "eagle", temperature, top_p, max_new_tokens, tree_auto, total_tokens, depth, top_k
-        )
+        tree = (tree_auto, total_tokens, depth, top_k)
+        config = generation_config("eagle", temperature, top_p, max_new_tokens, tree)
         run = session.start("race")
         lanes = {"vanilla": LiveStats(), "eagle": LiveStats()}
         busy = self.backend.status().busy

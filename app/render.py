@@ -30,6 +30,8 @@ from backend.events import (
     Started,
     TextSpan,
     average_acceptance_length,
+    first_divergence,
+    format_bytes,
 )
 
 DRAFT_LABEL = "accepted draft"
@@ -310,14 +312,6 @@ def lane_markdown(stats: LiveStats, lane: str) -> str:
     return head + (f"\n\n{status}" if status else "")
 
 
-def first_difference(a: str, b: str) -> int | None:
-    """Index of the first character where two texts differ; None when equal."""
-    for index, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return index
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _excerpt(text: str, at: int, before: int = 30, after: int = 20) -> str:
     start = max(0, at - before)
     piece = text[start:at] + "⟦" + text[at : at + after] + "⟧"
@@ -354,7 +348,7 @@ def race_verdict_markdown(
             else "differ"
         )
         lines.append(f"**Outputs differ** ✗ — they {where}.")
-        at = first_difference(result.vanilla.text, result.eagle.text)
+        at = first_divergence(result.vanilla.text, result.eagle.text)
         if at is not None:
             lines.append(
                 f"- vanilla: `{_excerpt(result.vanilla.text, at)}`\n"
@@ -382,16 +376,6 @@ def error_markdown(error: GenerationFailed | LoadFailed) -> str:
 def error_text(error: GenerationFailed | LoadFailed) -> str:
     """Plain text of an error, for toasts."""
     return f"{error.message} ({error.hint})" if error.hint else error.message
-
-
-def format_bytes(num: float | None) -> str:
-    if num is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(num) < 1000 or unit == "GB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1000
-    return f"{num:.1f} TB"  # unreachable; keeps type checkers calm
 
 
 def progress_fraction(progress: Progress) -> float | None:

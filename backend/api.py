@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from backend.config import GenerationConfig, LoadConfig
+from backend.engine.device import choose_device
 from backend.engine.progress import drain
 from backend.engine.stats import SpecStats
 from backend.errors import ConfigError, EagleChatError
@@ -44,13 +45,13 @@ from backend.events import (
     RaceEvent,
     RoundCompleted,
     Started,
+    format_bytes,
 )
 from backend.services import hub_mode, planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
-from backend.services.hub_progress import format_bytes
-from backend.services.loading import LoadedPair, default_device, load_steps, prepare
+from backend.services.loading import LoadedPair, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.remote import RemoteEngine
 from backend.services.sessions import GenerationQueue
@@ -287,7 +288,7 @@ class Backend:
     def default_dtype(self, preferred: str = "auto") -> str:
         """The dtype "auto" picks on this machine for a pair whose catalog prefers
         ``preferred`` (e.g. float32 instead of the catalog's bfloat16 on a CPU)."""
-        return choose_dtype("auto", default_device(), preferred)
+        return choose_dtype("auto", choose_device(), preferred)
 
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed

@@ -54,7 +54,7 @@ class TreeConfig:
     total_tokens/top_k.
     """
 
-    total_tokens: int = 16  # nodes verified per round incl. root; ~60 on GPUs, ~8-16 on CPUs
+    total_tokens: int = 16  # nodes verified per round incl. root; GPUs afford larger trees
     depth: int = 5  # draft steps per round
     top_k: int = 4  # children kept per expansion
     shape: TreeShape = "dynamic"

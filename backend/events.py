@@ -266,3 +266,24 @@ class BackendStatus:
 
 
 DownloadEvent = Union[Progress, Downloaded, LoadFailed]
+
+
+def first_divergence(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """Index of the first differing item of two token-id sequences (or texts); a length
+    difference diverges where the shorter ends. None when identical. The race reports it on
+    token ids; the UI points at the first differing character of the two replies."""
+    for index, (left, right) in enumerate(zip(a, b)):
+        if left != right:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def format_bytes(num: float | None) -> str:
+    """A size in decimal units, as the Hub shows them ("?" when unknown)."""
+    if num is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(num) < 1000:
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1000
+    return f"{num:.1f} TB"

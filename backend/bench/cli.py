@@ -19,10 +19,11 @@ from backend.bench.report import label, write_reports
 from backend.bench.runner import METHODS, BenchSpec, run_bench
 from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
+from backend.engine.device import choose_device
 from backend.errors import ConfigError
 from backend.services.catalog import find_pair
 from backend.services.dtypes import choose_dtype
-from backend.services.loading import default_device, load_pair
+from backend.services.loading import load_pair
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +109,7 @@ def _run(
         else TreeConfig(auto=True)
     )
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
-    dtype = choose_dtype(args.dtype, default_device(), preferred=pair_dtype)
+    dtype = choose_dtype(args.dtype, choose_device(), preferred=pair_dtype)
     started = time.perf_counter()
     pair = load_pair(
         LoadConfig(

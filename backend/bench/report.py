@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.bench.runner import METHODS, BenchResult, MethodRun
+from backend.engine.autotune import CostModel
+from backend.engine.stats import slow_reasons
 from backend.events import acceptance_per_depth, average_acceptance_length
 
 LABELS = {
@@ -120,20 +122,19 @@ def shape_shares(result: BenchResult, method: str = "eagle") -> list[tuple[str, 
     return sorted(((n, c / total) for n, c in counts.items()), key=lambda x: -x[1]) if total else []
 
 
-def why_slow(summaries: dict[str, MethodSummary], costs: dict[str, Any]) -> str:
-    """Plain-words reasons when EAGLE's speedup is low."""
-    eagle = summaries.get("eagle")
-    if eagle is None or eagle.speedup >= 1.5:
-        return ""
-    reasons = []
-    if eagle.tau is not None and eagle.tau < 2.0:
-        reasons.append(f"few drafts are accepted (tau {eagle.tau:.2f})")
-    ratios = costs.get("verify_ratio", {})
-    if ratios:
-        reasons.append(f"verifying 8 tokens costs {ratios.get('8', 0):.1f}x one decoding step here")
-    if eagle.draft_share and eagle.draft_share > 0.25:
-        reasons.append(f"drafting takes {100 * eagle.draft_share:.0f}% of the time")
-    return "; ".join(reasons)
+def why_slow(result: BenchResult, eagle: MethodSummary) -> str:
+    """Plain-words reasons EAGLE's speedup is limited: the engine's explainer on pooled runs."""
+    sizes = [
+        size for p in result.prompts if "eagle" in p.runs for size in p.runs["eagle"].tree_sizes
+    ]
+    ratios = result.costs.get("verify_ratio")
+    costs = CostModel({int(n): float(r) for n, r in ratios.items()}, 0.0) if ratios else None
+    return slow_reasons(
+        eagle.tau or 0.0,
+        sizes,
+        eagle.draft_share or 0.0,
+        costs.verify_ratio if costs is not None else None,
+    )
 
 
 def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], command: str) -> str:
@@ -191,7 +192,7 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
         if shapes:
             lines.append("Trees verified by EAGLE (share of rounds): " + ", ".join(
                 f"{name} {share:.0%}" for name, share in shapes[:6]) + ".")  # fmt: skip
-        reason = why_slow(summaries, result.costs)
+        reason = why_slow(result, eagle)
         if reason:
             lines.append(f"Why the speedup is limited: {reason}.")
     return "\n".join(lines) + "\n"

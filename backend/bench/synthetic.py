@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from backend.engine.device import choose_device
 from backend.services.dtypes import resolve_dtype
-from backend.services.loading import default_device
 from models.checkpoints import save_head
 from models.heads.config import HeadKind, head_config_for_target
 from models.heads.registry import head_class
@@ -59,7 +59,7 @@ def write_synthetic_pair(
     from transformers import AutoModelForCausalLM
 
     config = synthetic_config(shape)
-    device = default_device()
+    device = choose_device()
     if dtype is None:
         dtype = resolve_dtype("auto", device)
     torch.manual_seed(seed)

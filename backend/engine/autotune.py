@@ -39,7 +39,7 @@ LADDER: tuple[TreeConfig, ...] = tuple(
 )  # fmt: skip
 # Sampled drafts (temperature > 0) are drawn as chains (drafter.py). A second chain beside the
 # first mostly re-draws what the first covered; on the CPU demo pair it measured slower at the
-# same acceptance (1.27x against 1.72x for a 6-deep chain), so the policy chooses among chains.
+# same acceptance (numbers in the README, "Tree auto-tuning"), so the policy chooses among chains.
 SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=d + 1, depth=d, top_k=1) for d in range(1, 9)
 )

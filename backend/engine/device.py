@@ -1,5 +1,5 @@
-"""The one place that knows about accelerator synchronisation (for honest timings) and names
-the hardware that timings were taken on."""
+"""The one place that chooses the device a model runs on, knows about accelerator
+synchronisation (for honest timings) and names the hardware that timings were taken on."""
 
 from __future__ import annotations
 
@@ -8,6 +8,21 @@ import time
 from pathlib import Path
 
 import torch
+
+from backend.errors import ConfigError
+
+
+def choose_device(requested: str | None = None) -> torch.device:
+    """``requested`` ("cuda:1", "cpu", ...) as given; with none (or "auto") the first GPU if
+    there is one, else the CPU. Serving, benchmarks, memory plans and training all ask here."""
+    if requested in (None, "", "auto"):
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(requested)
+    except RuntimeError as err:
+        raise ConfigError(
+            f"unknown device {requested!r}", hint="use auto, cpu, cuda, cuda:1, mps, ..."
+        ) from err
 
 
 def device_sync(device: torch.device) -> None:

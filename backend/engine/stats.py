@@ -7,6 +7,7 @@ applied here.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from backend.engine.autotune import CostModel
@@ -72,32 +73,52 @@ class SpecStats:
         )
 
 
+# One set of thresholds for every "why not faster" text (the chat panel, the race, the bench).
+RARE_ACCEPTANCE_TAU = 1.5  # below: under one accepted draft per two rounds, on average
+COSTLY_VERIFY_RATIO = 1.5  # verifying the typical tree costs more plain steps than this
+HEAVY_DRAFT_SHARE = 0.3  # drafting takes more of the round time than this
+
+
 def explain(stats: SpecStats, costs: CostModel | None) -> str:
     """Plain-words reasons a speculative run may be slow, for the UI and the benchmark."""
-    if not stats.rounds:
+    total = stats.draft_s + stats.verify_s
+    draft_share = stats.draft_s / total if total > 0 else 0.0
+    ratio = costs.verify_ratio if costs is not None else None
+    return slow_reasons(stats.tau, stats.tree_sizes, draft_share, ratio)
+
+
+def slow_reasons(
+    tau: float,
+    tree_sizes: Sequence[int],
+    draft_share: float,
+    verify_ratio: Callable[[int], float] | None,
+) -> str:
+    """The reasons behind a slow speculative run, from its rounds' verified sizes (1 = a plain
+    step), its tau, the share of round time spent drafting and, when the device's costs are
+    known, the cost of verifying n tokens relative to one plain step. Empty when none applies."""
+    if not tree_sizes:
         return ""
     reasons = []
-    drafted = [size for size in stats.tree_sizes if size > 1]
-    plain = stats.rounds - len(drafted)
-    if stats.tau < 1.5:
+    drafted = [size for size in tree_sizes if size > 1]
+    plain = len(tree_sizes) - len(drafted)
+    if tau < RARE_ACCEPTANCE_TAU:
         reasons.append(
-            f"drafts were rarely accepted (average acceptance length {stats.tau:.2f}): the head "
+            f"drafts were rarely accepted (average acceptance length {tau:.2f}): the head "
             "may not fit this target, or the temperature is high"
         )
     if plain:
         reasons.append(
-            f"{plain} of {stats.rounds} rounds fell back to plain decoding because drafts were "
-            "failing"
+            f"{plain} of {len(tree_sizes)} rounds fell back to plain decoding because drafts "
+            "were failing"
         )
-    if costs is not None and drafted:
+    if verify_ratio is not None and drafted:
         typical = sorted(drafted)[len(drafted) // 2]
-        ratio = costs.verify_ratio(typical)
-        if ratio > 1.5:
+        ratio = verify_ratio(typical)
+        if ratio > COSTLY_VERIFY_RATIO:
             reasons.append(
                 f"verifying {typical} tokens costs {ratio:.1f}x a single decoding step on this "
                 "device, so each round must accept several tokens to pay off"
             )
-    total = stats.draft_s + stats.verify_s
-    if total > 0 and stats.draft_s / total > 0.3:
-        reasons.append(f"drafting took {100 * stats.draft_s / total:.0f}% of the round time")
+    if draft_share > HEAVY_DRAFT_SHARE:
+        reasons.append(f"drafting took {100 * draft_share:.0f}% of the round time")
     return "; ".join(reasons)

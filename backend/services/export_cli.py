@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from backend.errors import ConfigError, EagleChatError
+from backend.services.dtypes import DTYPES
 from models.checkpoints import load_head, save_head
 from models.heads.config import HeadKind, default_eagle3_layer_ids
 from models.heads.fc_bias_fold import fold_fc_bias
 from models.target_embedding import read_target_embedding
 
 EXIT_ERROR = 2
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="EAGLE-1/2: fold the fc bias into a head-owned embedding (vLLM)")  # fmt: skip
     parser.add_argument("--with-embedding", action="store_true",
                         help="save the target's embedding in the head")  # fmt: skip
-    parser.add_argument("--dtype", default=None, choices=list(_DTYPES),
+    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="cast the weights (default: keep the head's dtype)")  # fmt: skip
 
 
@@ -46,7 +46,7 @@ def export(args: argparse.Namespace) -> Path:
     if needs_target and not args.target:
         raise ConfigError("--fold-fc-bias and --with-embedding need --target")
     head = load_head(args.head)
-    dtype = _DTYPES[args.dtype] if args.dtype else head_file_dtype(Path(args.head))
+    dtype = DTYPES[args.dtype] if args.dtype else head_file_dtype(Path(args.head))
     if args.target and head.kind is HeadKind.EAGLE3:
         if head.config.eagle_aux_hidden_state_layer_ids is None:
             layers = json.loads((Path(args.target) / "config.json").read_text())
@@ -55,7 +55,7 @@ def export(args: argparse.Namespace) -> Path:
     embedding = read_target_embedding(args.target) if needs_target else None
     if args.fold_fc_bias:
         head = fold_fc_bias(head, embedding)
-        dtype = _DTYPES[args.dtype] if args.dtype else torch.float32  # keep the fold exact
+        dtype = DTYPES[args.dtype] if args.dtype else torch.float32  # keep the fold exact
     elif args.with_embedding and getattr(head, "embed_tokens", None) is None:
         head.bind_target(torch.nn.Embedding.from_pretrained(embedding), None)
     with_embedding = args.with_embedding or args.fold_fc_bias

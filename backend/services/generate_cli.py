@@ -17,11 +17,11 @@ from backend.config import (
     SamplingConfig,
     TreeConfig,
 )
+from backend.engine.device import choose_device
 from backend.errors import ConfigError, EagleChatError
 from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
 from backend.services.catalog import find_pair
 from backend.services.dtypes import choose_dtype
-from backend.services.loading import default_device
 
 _TREE = TreeConfig()
 _SAMPLING = SamplingConfig()
@@ -74,7 +74,7 @@ def load_config_from(args: argparse.Namespace) -> LoadConfig:
             raise ConfigError("give --pair or --target, not both")
         spec = find_pair(args.pair)
         target, head = spec.target, head or spec.head
-        dtype = choose_dtype(dtype, default_device(), preferred=spec.dtype)
+        dtype = choose_dtype(dtype, choose_device(), preferred=spec.dtype)
     if not target:
         raise ConfigError("no target model", hint="give --pair NAME or --target PATH")
     return LoadConfig(

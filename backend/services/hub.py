@@ -36,6 +36,7 @@ import httpx2
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
+from huggingface_hub.hf_api import RepoSibling
 
 from backend.errors import (
     ConfigError,
@@ -46,12 +47,13 @@ from backend.errors import (
     NetworkError,
     RepoNotFoundError,
 )
+from backend.events import format_bytes
 from backend.services.hub_mode import offline_env
 from backend.services.hub_progress import (
     DownloadMeter,
+    DownloadSize,
     ProgressCallback,
     bar_class,
-    format_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -169,9 +171,7 @@ def plan_download(
     settings = _settings()
     revision = revision or constants.DEFAULT_REVISION
     if settings.offline:
-        return _plan_from_cache(
-            repo_id, kind, revision, settings, "offline mode is on", gguf_file
-        )
+        return _plan_from_cache(repo_id, kind, revision, settings, "offline mode is on", gguf_file)
     try:
         with _hub_errors(repo_id, token, settings):
             api = HfApi(endpoint=settings.endpoint, token=token)
@@ -189,24 +189,14 @@ def plan_download(
     commit = info.sha or revision
     siblings = {s.rfilename: s for s in info.siblings or ()}
     storage = _storage(settings.cache_dir, repo_id)
-    files = []
-    for name in select_files(kind, siblings, gguf_file):
-        sibling = siblings[name]
-        size = sibling.lfs.size if sibling.lfs else sibling.size or 0
-        blob = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
-        cached = (storage / "snapshots" / commit / name).exists() or bool(
-            blob and (storage / "blobs" / blob).exists()
-        )
-        files.append(PlannedFile(name, size, cached))
+    names = select_files(kind, siblings, gguf_file)
+    files = tuple(_planned_file(siblings[name], storage, commit) for name in names)
     plan = DownloadPlan(
-        repo_id, kind, revision, commit, tuple(files), settings.cache_dir, gated=bool(info.gated)
+        repo_id, kind, revision, commit, files, settings.cache_dir, gated=bool(info.gated)
     )
     _require_weights(plan, gguf_file, siblings)
     if plan.gated and plan.bytes_to_download:
-        first = next(f.filename for f in plan.files if not f.cached)
-        url = hf_hub_url(repo_id, first, revision=commit, endpoint=settings.endpoint)
-        with _hub_errors(repo_id, token, settings):
-            get_hf_file_metadata(url, token=token, timeout=settings.timeout_s)
+        _check_access(plan, token, settings)
     logger.info(
         "plan %s@%s: %d files, %s, %s cached",
         repo_id,
@@ -216,6 +206,24 @@ def plan_download(
         format_bytes(plan.cached_bytes),
     )
     return plan
+
+
+def _planned_file(sibling: RepoSibling, storage: Path, commit: str) -> PlannedFile:
+    """One file of the Hub's listing, cached when its snapshot link or its blob is on disk."""
+    size = sibling.lfs.size if sibling.lfs else sibling.size or 0
+    blob = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
+    cached = (storage / "snapshots" / commit / sibling.rfilename).exists() or bool(
+        blob and (storage / "blobs" / blob).exists()
+    )
+    return PlannedFile(sibling.rfilename, size, cached)
+
+
+def _check_access(plan: DownloadPlan, token: str | None, settings: _Settings) -> None:
+    """A gated repo's licence is checked on its first missing file, before anything downloads."""
+    first = next(f.filename for f in plan.files if not f.cached)
+    url = hf_hub_url(plan.repo_id, first, revision=plan.commit, endpoint=settings.endpoint)
+    with _hub_errors(plan.repo_id, token, settings):
+        get_hf_file_metadata(url, token=token, timeout=settings.timeout_s)
 
 
 def check_disk_space(*plans: DownloadPlan) -> None:
@@ -271,15 +279,8 @@ def download(
         )
         logger.info("downloading %d files of %s", len(missing), plan.repo_id)
     done = [f for f in plan.files if f not in missing]
-    meter = DownloadMeter(
-        progress,
-        total_bytes=plan.total_bytes,
-        num_files=len(plan.files),
-        done_bytes=sum(f.size for f in done),
-        done_files=len(done),
-        cancel=cancel,
-        label=plan.repo_id,
-    )
+    size = DownloadSize(plan.total_bytes, len(plan.files), sum(f.size for f in done), len(done))
+    meter = DownloadMeter(progress, size, cancel=cancel, label=plan.repo_id)
     for planned in missing:
         meter.start_file(planned.filename)
         with _hub_errors(plan.repo_id, token, settings):
@@ -442,73 +443,102 @@ def _require_weights(
 @contextmanager
 def _hub_errors(repo_id: str, token: str | None, settings: _Settings) -> Iterator[None]:
     """Map huggingface_hub/httpx failures to typed errors: the one place that knows them."""
-    page = f"{settings.endpoint or 'https://huggingface.co'}/{repo_id}"
-    login = "set HF_TOKEN or run `hf auth login`"
     try:
         yield
     except EagleChatError:
         raise
-    except hf_errors.HFValidationError as err:
-        raise ConfigError(f"{repo_id!r} is not a valid Hub repo id: {err}") from err
-    except hf_errors.GatedRepoError as err:
-        raise GatedRepoError(
-            f"{repo_id} is gated: your account has not been granted access",
-            hint=f"accept the licence on {page}, then {login} with that account's token",
-        ) from err
-    except hf_errors.RevisionNotFoundError as err:
-        raise RepoNotFoundError(f"{repo_id} has no such revision", hint="check --revision") from err
-    except hf_errors.RemoteEntryNotFoundError as err:
-        raise RepoNotFoundError(f"a file listed for {repo_id} is missing on the Hub") from err
-    except hf_errors.RepositoryNotFoundError as err:
-        hint = "check the repo id" + ("" if token else f"; if it is private or gated, {login}")
-        raise RepoNotFoundError(f"repository {repo_id} was not found", hint=hint) from err
-    except hf_errors.HfHubHTTPError as err:
-        status = err.response.status_code if err.response is not None else None
-        if status == 401:
-            raise HubError(
-                f"the Hub rejected your token for {repo_id}", hint=login, code="auth"
-            ) from err
-        if status == 403:
-            raise GatedRepoError(
-                f"access to {repo_id} was refused (403)",
-                hint=f"accept the licence on {page}; make sure your token can read gated repos",
-            ) from err
-        raise NetworkError(
-            f"the Hub answered HTTP {status} for {repo_id}", hint="try again later"
-        ) from err
-    except (hf_errors.OfflineModeIsEnabled, hf_errors.LocalEntryNotFoundError) as err:
+    except (
+        hf_errors.HFValidationError,
+        hf_errors.HfHubHTTPError,
+        hf_errors.OfflineModeIsEnabled,
+        hf_errors.LocalEntryNotFoundError,
+        httpx2.TransportError,
+        OSError,
+    ) as err:
+        typed = _typed_error(err, repo_id, token, settings)
+        if typed is None:
+            raise
+        raise typed from err
+
+
+def _typed_error(
+    err: Exception, repo_id: str, token: str | None, settings: _Settings
+) -> EagleChatError | None:
+    """Our error for one Hub, network or disk failure; None for an OS error we cannot name."""
+    if isinstance(err, hf_errors.HFValidationError):
+        return ConfigError(f"{repo_id!r} is not a valid Hub repo id: {err}")
+    if isinstance(err, hf_errors.HfHubHTTPError):
+        return _http_error(err, repo_id, token, settings.endpoint)
+    if isinstance(err, (hf_errors.OfflineModeIsEnabled, hf_errors.LocalEntryNotFoundError)):
         if settings.offline:
-            raise HubError(
+            return HubError(
                 f"{repo_id} is not in the local cache and offline mode is on",
                 hint=_OFFLINE_HINT,
                 code="not_cached",
-            ) from err
-        raise NetworkError(f"could not reach the Hub for {repo_id}", hint=_NETWORK_HINT) from err
-    except httpx2.TransportError as err:
-        raise NetworkError(
+            )
+        return NetworkError(f"could not reach the Hub for {repo_id}", hint=_NETWORK_HINT)
+    if isinstance(err, httpx2.TransportError):
+        return NetworkError(
             f"could not reach the Hub for {repo_id} ({type(err).__name__})", hint=_NETWORK_HINT
-        ) from err
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise DiskFullError(
-                f"the disk filled up while downloading {repo_id} into {settings.cache_dir}",
-                hint="free some space, or point HF_HUB_CACHE (or HF_HOME) at a larger disk",
-            ) from err
-        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise HubError(
-                f"cannot write to the Hub cache {settings.cache_dir}: {err.strerror}",
-                hint="point HF_HUB_CACHE (or HF_HOME) at a writable folder",
-                code="cache_not_writable",
-            ) from err
-        if err.errno is None:  # raised by huggingface_hub itself: size mismatch, bad headers
-            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise NetworkError(
-                f"downloading {repo_id} failed: {first_line}",
-                hint="run it again; if it persists, check HF_ENDPOINT and any proxy",
-            ) from err
-        raise
+        )
+    if isinstance(err, OSError):
+        return _os_error(err, repo_id, settings.cache_dir)
+    return None
 
 
+def _http_error(
+    err: hf_errors.HfHubHTTPError, repo_id: str, token: str | None, endpoint: str | None
+) -> EagleChatError:
+    """Gated, missing or refused repos, revisions and files, by exception type, then status."""
+    page = f"{endpoint or 'https://huggingface.co'}/{repo_id}"
+    if isinstance(err, hf_errors.GatedRepoError):
+        return GatedRepoError(
+            f"{repo_id} is gated: your account has not been granted access",
+            hint=f"accept the licence on {page}, then {_LOGIN_HINT} with that account's token",
+        )
+    if isinstance(err, hf_errors.RevisionNotFoundError):
+        return RepoNotFoundError(f"{repo_id} has no such revision", hint="check --revision")
+    if isinstance(err, hf_errors.RemoteEntryNotFoundError):
+        return RepoNotFoundError(f"a file listed for {repo_id} is missing on the Hub")
+    if isinstance(err, hf_errors.RepositoryNotFoundError):
+        private = "" if token else f"; if it is private or gated, {_LOGIN_HINT}"
+        return RepoNotFoundError(
+            f"repository {repo_id} was not found", hint="check the repo id" + private
+        )
+    status = err.response.status_code if err.response is not None else None
+    if status == 401:
+        return HubError(f"the Hub rejected your token for {repo_id}", hint=_LOGIN_HINT, code="auth")
+    if status == 403:
+        return GatedRepoError(
+            f"access to {repo_id} was refused (403)",
+            hint=f"accept the licence on {page}; make sure your token can read gated repos",
+        )
+    return NetworkError(f"the Hub answered HTTP {status} for {repo_id}", hint="try again later")
+
+
+def _os_error(err: OSError, repo_id: str, cache_dir: str) -> EagleChatError | None:
+    """A full disk, an unwritable cache, or huggingface_hub's own checks failing a transfer."""
+    if err.errno == errno.ENOSPC:
+        return DiskFullError(
+            f"the disk filled up while downloading {repo_id} into {cache_dir}",
+            hint="free some space, or point HF_HUB_CACHE (or HF_HOME) at a larger disk",
+        )
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return HubError(
+            f"cannot write to the Hub cache {cache_dir}: {err.strerror}",
+            hint="point HF_HUB_CACHE (or HF_HOME) at a writable folder",
+            code="cache_not_writable",
+        )
+    if err.errno is None:  # raised by huggingface_hub itself: size mismatch, bad headers
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return NetworkError(
+            f"downloading {repo_id} failed: {first_line}",
+            hint="run it again; if it persists, check HF_ENDPOINT and any proxy",
+        )
+    return None
+
+
+_LOGIN_HINT = "set HF_TOKEN or run `hf auth login`"
 _NETWORK_HINT = (
     "check your connection (or HF_ENDPOINT); to use only models already downloaded, "
     "set HF_HUB_OFFLINE=1"

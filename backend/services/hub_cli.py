@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import TextIO
 
 from backend.errors import ConfigError, EagleChatError
-from backend.events import Progress
+from backend.events import Progress, format_bytes
 from backend.services.catalog import PairSpec, find_pair, load_catalog
 from backend.services.hub import (
     DownloadPlan,
     RepoKind,
     check_disk_space,
     download,
-    format_bytes,
     plan_download,
 )
 

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from backend.errors import GenerationCancelled
@@ -22,13 +23,14 @@ ProgressCallback = Callable[[Progress], None]
 PROGRESS_INTERVAL_S = 0.2  # at most this often a byte event, plus one at each file boundary
 
 
-def format_bytes(num: float) -> str:
-    """Human-readable size in decimal units, as the Hub shows them."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(num) < 1000:
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1000
-    return f"{num:.1f} TB"
+@dataclass(frozen=True, slots=True)
+class DownloadSize:
+    """A whole plan's bytes and files, and how much of it is on disk before the download."""
+
+    total_bytes: int
+    num_files: int
+    done_bytes: int = 0
+    done_files: int = 0
 
 
 class DownloadMeter:
@@ -38,27 +40,23 @@ class DownloadMeter:
     def __init__(
         self,
         callback: ProgressCallback,
-        *,
-        total_bytes: int,
-        num_files: int,
-        done_bytes: int = 0,
-        done_files: int = 0,
+        size: DownloadSize,
         cancel: threading.Event | None = None,
         label: str = "",
     ) -> None:
         self._callback = callback
         self._cancel = cancel
         self._lock = threading.Lock()  # Xet reports from its own threads
-        self._total = total_bytes
-        self._num_files = num_files
-        self._files_done = done_files
-        self._finished_bytes = done_bytes
+        self._total = size.total_bytes
+        self._num_files = size.num_files
+        self._files_done = size.done_files
+        self._finished_bytes = size.done_bytes
         self._in_file = 0.0
         self._sent = 0.0
         self._sent_at = 0.0
         self._label = label
         self._emit(force=True)
-        self._callback(Progress("download", done_files, num_files, "files", label))
+        self._callback(Progress("download", size.done_files, size.num_files, "files", label))
 
     def check_cancel(self) -> None:
         if self._cancel is not None and self._cancel.is_set():

@@ -25,6 +25,7 @@ import torch
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import CostModel, calibrate, calibration_steps
+from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.progress import drain, relay
@@ -72,11 +73,6 @@ class PreparedLoad:
     head: DraftHead | None
 
 
-def default_device() -> torch.device:
-    """The one place a default device is chosen: the first GPU if any, else the CPU."""
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-
-
 def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
     """A local directory or .gguf file as is; otherwise a Hub id resolved from the local cache.
     With ``gguf_file`` the result is that file's path inside the folder."""
@@ -122,7 +118,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = prepared.config
-    device = default_device()
+    device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
     quant = quantization_config(config.quantization, dtype)

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from backend.config import LoadConfig
+from backend.engine.device import choose_device
 from backend.errors import HubError, ResourceError
-from backend.events import PairPlan, Progress, RepoSize
+from backend.events import PairPlan, Progress, RepoSize, format_bytes
 from backend.services import hub
 from backend.services.dtypes import resolve_dtype
 from backend.services.hub_mode import offline_env
-from backend.services.hub_progress import ProgressCallback, format_bytes
-from backend.services.loading import default_device
+from backend.services.hub_progress import ProgressCallback
 from backend.services.target_source import is_gguf_path, local_source, locate
 from backend.services.validate import read_target_config, text_config
 from models.checkpoints import check_safetensors
@@ -55,7 +55,7 @@ class _Side:
 
 def plan_pair(config: LoadConfig) -> PairPlan:
     """Sizes and memory of ``config``'s pair; raises typed Hub errors (nothing is downloaded)."""
-    device = default_device()
+    device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
     target = _side(config.target, "target", config.gguf_file)
     head = _side(config.head, "head") if config.head else None
@@ -83,7 +83,7 @@ def plan_pair(config: LoadConfig) -> PairPlan:
 
 def local_weight_bytes(config: LoadConfig, target_path: str, head_path: str | None) -> int:
     """Memory estimate for a pair already on disk (what ``load`` shows and checks)."""
-    dtype = resolve_dtype(config.dtype, default_device())
+    dtype = resolve_dtype(config.dtype, choose_device())
     target = _local_side(target_path, config.target)
     params, quantizable, _, _ = _count_target(target, config)
     head = _count_head(_local_side(head_path, config.head or "")) if head_path else 0
@@ -287,7 +287,7 @@ def kv_bytes_per_token(target_config: Any, dtype: torch.dtype) -> int:
 
 def check_memory_fits(needed: int, config: LoadConfig) -> None:
     """Refuse a load whose weights alone cannot fit, before the OS or CUDA kills the process."""
-    device = default_device()
+    device = choose_device()
     if device.type == "cuda" and not config.device_map:
         free, _ = torch.cuda.mem_get_info(device)
         where = f"{torch.cuda.get_device_name(device)} has {format_bytes(free)} free"

@@ -25,6 +25,7 @@ from backend.events import (
     RaceLane,
     RaceUpdate,
     RoundCompleted,
+    first_divergence,
 )
 
 logger = logging.getLogger(__name__)
@@ -125,12 +126,3 @@ def race_result(vanilla: GenerationSummary, eagle: GenerationSummary) -> RaceFin
         identical=divergence is None,
         first_divergence=divergence,
     )
-
-
-def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
-    """Index of the first differing token; a length difference diverges where the shorter
-    ends. None when identical."""
-    for index, (left, right) in enumerate(zip(a, b)):
-        if left != right:
-            return index
-    return None if len(a) == len(b) else min(len(a), len(b))

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from backend.config import GenerationConfig
+from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
@@ -126,7 +127,7 @@ def summary_line(result: TrainResult, held_out: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
-    device = resolve_device(args.device)
+    device = choose_device(args.device)
     model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
     conversations = [c for path in args.data for c in _read_data(path, args)]
     train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
@@ -181,15 +182,6 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
     lines = (json.dumps({"messages": c}, ensure_ascii=False) for c in regenerated)
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return regenerated
-
-
-def resolve_device(requested: str | None) -> torch.device:
-    """The one place that picks the training device: as asked, else accelerate's choice."""
-    if requested:
-        return torch.device(requested)
-    from accelerate import PartialState
-
-    return PartialState().device
 
 
 def load_target(source: TargetSource, dtype: str, device: torch.device):

@@ -1,11 +1,11 @@
 """Chat fine-tuning of a small target on whole conversations, loss on assistant tokens only.
 
-make-demo uses it to finish the demo target: a 5.5M-parameter model pretrained for an hour
-spreads its replies over many tokens (about 3.4 nats per token at temperature 1), so sampled
-replies are noise. Fine-tuning it on its own greedy replies to a few thousand prompts
-(self-distillation) makes its reply distribution peaked the way a real chat model's is, which
-keeps temperature-1 replies readable. The greedy text barely changes; the draft heads are
-trained after this step, on the fine-tuned model.
+make-demo uses it to finish the demo target: a model that small, briefly pretrained, spreads
+its replies over many tokens (a high entropy per token; the README's "The bundled demo pair"
+has the numbers), so sampled replies are noise. Fine-tuning it on its own greedy replies to a
+few thousand prompts (self-distillation) makes its reply distribution peaked the way a real
+chat model's is, which keeps temperature-1 replies readable. The greedy text barely changes;
+the draft heads are trained after this step, on the fine-tuned model.
 """
 
 from __future__ import annotations

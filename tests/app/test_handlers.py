@@ -187,7 +187,7 @@ def test_model_manager_select_plan_download_load() -> None:
 
     updates = list(controller.download("org/target", "org/head", Session()))
     bar, status = updates[1]
-    assert 'value="0.500"' in bar and "download: 500.0 KB / 1.0 MB (50%)" in status
+    assert 'value="0.500"' in bar and "download: 500.0 kB / 1.0 MB (50%)" in status
     bar, status = updates[-1]
     assert 'value="1.000"' in bar
     assert status.startswith("✓ Downloaded: `/cache/org/target` and `/cache/org/head`")

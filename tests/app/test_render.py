@@ -15,7 +15,6 @@ from app.render import (
     acceptance_frame,
     error_markdown,
     error_text,
-    first_difference,
     fold,
     highlight_spans,
     lane_markdown,
@@ -36,6 +35,7 @@ from backend.events import (
     RaceFinished,
     Started,
     TextSpan,
+    format_bytes,
 )
 from tests.app.fakes import FakeBackend, make_info, scripted_rounds, summary_of
 
@@ -167,12 +167,6 @@ def test_race_verdict_names_the_first_divergence() -> None:
     assert "(stopped early)" in stopped
 
 
-def test_first_difference() -> None:
-    assert first_difference("abc", "abc") is None
-    assert first_difference("abc", "abd") == 2
-    assert first_difference("ab", "abc") == 2
-
-
 def test_error_messages_carry_message_and_hint() -> None:
     failed = GenerationFailed("r", "no_model", "no model is loaded", "load a target first")
     assert error_markdown(failed) == "⚠ **no model is loaded** — load a target first"
@@ -231,3 +225,11 @@ def test_half_precision_divergence_is_explained_not_a_bug() -> None:
     assert "not a bug" not in race_verdict_markdown(race, temperature=0.0, dtype="float32")
     identical = _race("same text", "same text", None)
     assert "not a bug" not in race_verdict_markdown(identical, temperature=0.0, dtype="bfloat16")
+
+
+def test_sizes_read_in_decimal_units_like_the_hubs() -> None:
+    assert format_bytes(None) == "?"
+    assert format_bytes(999) == "999 B"
+    assert format_bytes(1500) == "1.5 kB"
+    assert format_bytes(2_500_000_000) == "2.5 GB"
+    assert format_bytes(3.2e12) == "3.2 TB"

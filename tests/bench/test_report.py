@@ -18,6 +18,8 @@ from backend.bench.runner import (
     run_bench,
 )
 from backend.config import LoadConfig, TreeConfig
+from backend.engine.autotune import CostModel
+from backend.engine.stats import SpecStats, explain
 from backend.errors import ConfigError, InputError
 from backend.services.loading import load_pair
 from models.checkpoints import save_head
@@ -56,6 +58,28 @@ def test_ratios_tau_and_identity_counts() -> None:
     assert eagle.draft_share == pytest.approx(0.2 / 0.8)  # drafting / time after the prefill
     table = to_markdown(hand_made(), summary, "python launch.py bench")
     assert "| EAGLE | 6.0 | 4.00x | 2.00 | 1/2 |" in table
+
+
+def test_the_report_and_the_chat_panel_explain_a_slow_run_in_the_same_words() -> None:
+    """One explainer: the bench's reasons are the engine's for the same rounds and costs."""
+    sizes, accepted = (8, 1, 8, 1), (1, 0, 0, 0)  # a 2-token round, then three 1-token ones
+    prompt = PromptResult(BenchPrompt("0", "x", "hi"))
+    prompt.runs["vanilla"] = MethodRun("vanilla", (1, 2, 3, 4, 5, 6), 2.0, 0.5, 5, ())
+    prompt.runs["eagle"] = MethodRun("eagle", (1, 2, 3, 4, 5, 6), seconds=1.0, ttft_s=0.2,
+                                     rounds=4, accept_lengths=accepted, draft_s=0.4,
+                                     verify_s=0.4, tree_sizes=sizes)  # fmt: skip
+    result = hand_made()
+    costs_json = {"verify_ratio": {"1": 1.0, "8": 2.5}, "draft_step_ratio": 0.1}
+    result = BenchResult(result.settings, costs_json, [prompt])
+    stats = SpecStats()
+    for size, drafts in zip(sizes, accepted, strict=True):
+        stats.add_round(drafts, drafts + 1, size, draft_s=0.1, verify_s=0.1)
+    costs = CostModel({1: 1.0, 8: 2.5}, draft_step_s=0.0)
+    reason = explain(stats, costs)
+    assert "rarely accepted" in reason and "2 of 4 rounds fell back" in reason
+    assert "verifying 8 tokens costs 2.5x" in reason and "drafting took 50%" in reason
+    markdown = to_markdown(result, summarize(result), "cmd")
+    assert f"Why the speedup is limited: {reason}." in markdown
 
 
 def test_prompt_files(tmp_path) -> None:

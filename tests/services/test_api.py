@@ -21,8 +21,8 @@ from backend.events import (
     RaceFinished,
     RaceUpdate,
     RoundCompleted,
+    first_divergence,
 )
-from backend.services.race import first_divergence
 from tests.services.conftest import SavedPairs, greedy
 from tests.services.test_hub_offline import build_cache
 
@@ -121,6 +121,10 @@ def test_first_divergence_rules() -> None:
     assert first_divergence((1, 2, 3), (1, 5, 3)) == 1
     assert first_divergence((1, 2), (1, 2, 3)) == 2
     assert first_divergence((), ()) is None
+    # the same rule on text: where the race verdict points in the two replies
+    assert first_divergence("abc", "abc") is None
+    assert first_divergence("abc", "abd") == 2
+    assert first_divergence("ab", "abc") == 2
 
 
 def test_race_needs_a_head(saved_pairs: SavedPairs) -> None:

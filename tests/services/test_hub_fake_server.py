@@ -35,6 +35,7 @@ from backend.errors import (
     DiskFullError,
     GatedRepoError,
     GenerationCancelled,
+    HubError,
     NetworkError,
     RepoNotFoundError,
 )
@@ -460,6 +461,28 @@ def test_disk_filling_up_mid_download_is_disk_full(
     with pytest.raises(DiskFullError) as info:
         hub.download(plan, lambda event: None)
     assert plan.cache_dir in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"), [(errno.EACCES, "cannot write to the Hub cache"), (errno.ENOENT, None)]
+)
+def test_an_unwritable_cache_is_named_and_other_os_errors_pass_unchanged(
+    fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch, code: int, expected: str | None
+) -> None:
+    fake_hub.repos[TARGET] = FakeRepo(_target_files())
+    plan = hub.plan_download(TARGET, "target")
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise OSError(code, "refused")
+
+    monkeypatch.setattr(hf_file_download, "http_get", failing)
+    with pytest.raises((OSError, HubError)) as info:
+        hub.download(plan, lambda event: None)
+    if expected is None:  # nothing we can name: the original error, not a guess
+        assert isinstance(info.value, OSError) and info.value.errno == code
+    else:
+        assert isinstance(info.value, HubError) and info.value.code == "cache_not_writable"
+        assert expected in info.value.message and plan.cache_dir in info.value.message
 
 
 def test_truncated_file_is_a_network_error_and_leaves_no_blob(fake_hub: FakeHub) -> None:

@@ -175,7 +175,7 @@ def test_xet_progress_reaches_the_meter_once(monkeypatch: pytest.MonkeyPatch) ->
     bytes written must be counted once (network bytes are not added on top)."""
     monkeypatch.setattr(hub_progress, "PROGRESS_INTERVAL_S", 0.0)
     events: list[Progress] = []
-    meter = hub_progress.DownloadMeter(events.append, total_bytes=1000, num_files=1)
+    meter = hub_progress.DownloadMeter(events.append, hub_progress.DownloadSize(1000, num_files=1))
     meter.start_file("model.safetensors")
     reporter = XetDownloadProgressReporter(
         reconstruction_desc="model.safetensors",
