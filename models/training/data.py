@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 from jinja2 import TemplateError
 
-from backend.errors import ConfigError, InputError
+from models.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
 
