@@ -31,13 +31,12 @@ from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished
 from backend.services.dtypes import DTYPES, resolve_dtype
 from backend.services.target_source import TargetSource, local_source
+from models.chat_format import encode_prompt, eos_token_ids
 from models.checkpoints import check_safetensors_folder
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
 from models.training.data import (
-    encode_prompt,
-    eos_token_ids,
     load_conversations,
     load_documents,
     prompt_messages,
