@@ -18,7 +18,13 @@ from backend.config import (
 )
 from backend.errors import ConfigError, EagleChatError
 from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
-from backend.frontends.flags import add_flags, add_loading_flags, add_model_flags, add_tree_flags
+from backend.frontends.flags import (
+    add_flags,
+    add_loading_flags,
+    add_model_flags,
+    add_sampling_flags,
+    add_tree_flags,
+)
 from backend.services.catalog import find_pair
 from backend.services.dtypes import choose_dtype
 from backend.services.loading import default_device
@@ -36,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="default: eagle when a head is given, else vanilla",
     )
-    add_flags(parser, "temperature", "top-p", "top-k-sampling", "max-new-tokens")
+    add_sampling_flags(parser)
+    add_flags(parser, "max-new-tokens")
     add_tree_flags(parser)
     add_loading_flags(parser)
-    add_flags(parser, "seed")
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
