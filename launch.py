@@ -20,13 +20,13 @@ import sys
 # subcommand -> (module, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "app": ("app.main", "the web app: streaming chat, EAGLE-vs-vanilla race, model manager"),
-    "generate": ("backend.services.generate_cli", "generate one reply from a prompt"),
-    "download": ("backend.services.hub_cli", "download a target/head pair from the Hub"),
+    "generate": ("backend.frontends.generate_cli", "generate one reply from a prompt"),
+    "download": ("backend.frontends.download_cli", "download a target/head pair from the Hub"),
     "bench": ("backend.bench.cli", "benchmark vanilla vs EAGLE vs prompt lookup"),
-    "serve": ("backend.services.engine_server", "serve a pair with vLLM or SGLang (EAGLE-3 heads)"),
-    "serve-api": ("backend.services.openai_api", "serve an OpenAI-compatible API on 127.0.0.1"),
-    "train-head": ("backend.services.training_cli", "train an EAGLE draft head for a target"),
-    "export-head": ("backend.services.export_cli", "rewrite a head for vLLM, SGLang, reference code"),
+    "serve": ("backend.frontends.serve_cli", "serve a pair with vLLM or SGLang (EAGLE-3 heads)"),
+    "serve-api": ("backend.frontends.openai_server", "serve an OpenAI-compatible API on 127.0.0.1"),
+    "train-head": ("backend.frontends.train_cli", "train an EAGLE draft head for a target"),
+    "export-head": ("backend.frontends.export_cli", "rewrite a head for vLLM, SGLang, reference code"),
     "make-demo": ("backend.services.demo_cli", "rebuild the bundled demo pair (target + heads)"),
     "make-demo-target": ("models.training.demo_target", "train the bundled demo target model"),
 }

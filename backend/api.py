@@ -51,10 +51,10 @@ from backend.services import hub_mode, planning
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
+from backend.services.generation_queue import GenerationQueue
 from backend.services.loading import LoadedPair, load_steps, prepare
 from backend.services.prompting import Message, build_messages, prompt_ids
 from backend.services.remote import RemoteEngine
-from backend.services.sessions import GenerationQueue
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from backend.errors import CheckpointError
+from models.errors import CheckpointError
 from models.heads.base import DraftHead
 from models.heads.config import HeadConfig, HeadKind, detect_kind
 from models.heads.registry import head_class

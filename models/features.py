@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from backend.errors import IncompatibleHeadError
+from models.errors import IncompatibleHeadError
 
 
 def decoder_of(model: nn.Module) -> nn.Module:

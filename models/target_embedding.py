@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from backend.errors import CheckpointError
 from models.checkpoints import check_safetensors
+from models.errors import CheckpointError
 
 EMBEDDING_SUFFIX = "embed_tokens.weight"
 

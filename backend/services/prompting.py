@@ -20,16 +20,17 @@ from typing import get_args
 from backend.config import PromptFormat
 from backend.engine.stopping import StopSpec
 from backend.errors import ConfigError, InputError
-from models.training.data import (
+from models.chat_format import (
+    Message,
     encode_prompt,
     eos_token_ids,
     has_chat_template,
     plain_completion_ids,
+    plain_text_ids,
 )
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 PROMPT_FORMATS: tuple[str, ...] = get_args(PromptFormat)
 FORMAT_LABELS = {
     "chat_template": "chat template",
@@ -81,7 +82,7 @@ def prompt_ids(
     if chosen == "plain":
         return plain_completion_ids(tokenizer, list(messages))
     if chosen == "vicuna_v1.1":
-        return list(tokenizer(vicuna_prompt(messages), add_special_tokens=True)["input_ids"])
+        return plain_text_ids(tokenizer, vicuna_prompt(messages))
     return encode_prompt(tokenizer, list(messages))  # the same encoding the heads trained on
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.errors import CheckpointError
+from models.errors import CheckpointError
 
 
 class HeadKind(str, enum.Enum):

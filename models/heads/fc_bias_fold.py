@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from backend.errors import CheckpointError
+from models.errors import CheckpointError
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
 from models.heads.registry import head_class

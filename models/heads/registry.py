@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.errors import CheckpointError
+from models.errors import CheckpointError
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
 from models.heads.eagle1 import Eagle1Head

@@ -25,12 +25,20 @@ from typing import Any, TypeVar
 import torch
 from jinja2 import TemplateError
 
-from backend.errors import ConfigError, InputError
+from models.chat_format import (
+    Conversation,
+    encode_prompt,
+    encode_rendered,
+    eos_token_ids,
+    has_chat_template,
+    plain_pieces,
+    render_chat,
+    text_chunks,
+)
+from models.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
-Conversation = list[Message]
 T = TypeVar("T")
 
 _ROLES = {
@@ -112,25 +120,6 @@ def load_documents(path: str | Path, max_chars: int) -> list[Conversation]:
     return [[{"role": "assistant", "content": piece}] for piece in pieces]
 
 
-def text_chunks(text: str, max_chars: int) -> list[str]:
-    """Consecutive lines packed up to ``max_chars``; an overlong line is cut after a sentence."""
-    out, current = [], ""
-    for line in text.split("\n"):
-        if len(line) > max_chars and current:
-            out.append(current.strip())
-            current = ""
-        while len(line) > max_chars:
-            cut = line.rfind(". ", 0, max_chars) + 1 or max_chars
-            out.append(line[:cut].strip())
-            line = line[cut:]
-        if current and len(current) + len(line) + 1 > max_chars:
-            out.append(current.strip())
-            current = ""
-        current = f"{current}\n{line}" if current else line
-    out.append(current.strip())
-    return [chunk for chunk in out if len(chunk) >= 20]
-
-
 def _json_records(text: str, path: Path) -> list[Any]:
     stripped = text.lstrip()
     try:
@@ -195,50 +184,6 @@ def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> l
 # ---- tokenising ------------------------------------------------------------------------------
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def _render(tokenizer, messages: Conversation, generation_prompt: bool) -> str:
-    if not messages:
-        return ""
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
-    )
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def encode_prompt(tokenizer, messages: Conversation) -> list[int]:
-    """Token ids asking the target for the next assistant reply after ``messages``."""
-    if has_chat_template(tokenizer):
-        return _encode(tokenizer, _render(tokenizer, messages, generation_prompt=True))
-    return plain_completion_ids(tokenizer, messages)
-
-
-def plain_completion_ids(tokenizer, messages: Conversation) -> list[int]:
-    """The messages as plain text to continue (see :func:`plain_pieces`)."""
-    return _tokenize_plain(tokenizer, plain_pieces(messages), max_length=None).input_ids
-
-
-def plain_pieces(messages: Conversation) -> list[tuple[str, bool]]:
-    """Plain completion, the format of base models (no chat template): the texts in order, a
-    reply continuing its prompt directly and a new prompt after a reply on a new line; system
-    turns are left out. Pairs of (text, is_assistant)."""
-    pieces: list[tuple[str, bool]] = []
-    for message in messages:
-        if message["role"] == "system":
-            continue
-        is_assistant = message["role"] == "assistant"
-        text = message["content"]
-        if pieces and not is_assistant and pieces[-1][1]:
-            text = "\n" + text
-        pieces.append((text, is_assistant))
-    return pieces
-
-
 def prompt_messages(conversation: Conversation) -> Conversation:
     """The conversation up to (not including) its first assistant reply: an evaluation prompt."""
     for index, message in enumerate(conversation):
@@ -259,9 +204,9 @@ def tokenize_conversation(
     rendered = ""
     for index, message in enumerate(conversation):
         if message["role"] == "assistant":
-            before = _render(tokenizer, conversation[:index], generation_prompt=True)
+            before = render_chat(tokenizer, conversation[:index], generation_prompt=True)
             segments.append((before, False))
-        after = _render(tokenizer, conversation[: index + 1], generation_prompt=False)
+        after = render_chat(tokenizer, conversation[: index + 1], generation_prompt=False)
         segments.append((after, message["role"] == "assistant"))
     pieces: list[tuple[str, bool]] = []
     for text, is_assistant in segments:
@@ -278,10 +223,10 @@ def _last_reply_only(tokenizer, conversation: Conversation) -> list[tuple[str, b
     train on the final reply only, in the form the target sees when writing it."""
     replies = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
     if not replies:
-        return [(_render(tokenizer, conversation, generation_prompt=False), False)]
+        return [(render_chat(tokenizer, conversation, generation_prompt=False), False)]
     last = replies[-1]
-    before = _render(tokenizer, conversation[:last], generation_prompt=True)
-    after = _render(tokenizer, conversation[: last + 1], generation_prompt=False)
+    before = render_chat(tokenizer, conversation[:last], generation_prompt=True)
+    after = render_chat(tokenizer, conversation[: last + 1], generation_prompt=False)
     if not after.startswith(before):
         logger.warning("chat template output is not prefix-stable; conversation skipped")
         return [(after, False)]
@@ -306,7 +251,7 @@ def _tokenize_pieces(
     else:
         ids, mask = [], []
         for piece, is_assistant in pieces:
-            piece_ids = _encode(tokenizer, piece)
+            piece_ids = encode_rendered(tokenizer, piece)
             ids += piece_ids
             mask += [int(is_assistant)] * len(piece_ids)
     return TokenizedExample(ids[:max_length], mask[:max_length])
@@ -333,9 +278,9 @@ def _tokenize_plain(
             for start, sp in zip(starts, special)
         ]
     else:  # slow tokenizers: the mask follows the pieces' own token counts
-        mask = [0] * (len(ids) - sum(len(_encode(tokenizer, p)) for p, _ in pieces))
+        mask = [0] * (len(ids) - sum(len(encode_rendered(tokenizer, p)) for p, _ in pieces))
         for piece, is_assistant in pieces:
-            mask += [int(is_assistant)] * len(_encode(tokenizer, piece))
+            mask += [int(is_assistant)] * len(encode_rendered(tokenizer, piece))
         mask = (mask + [0] * len(ids))[: len(ids)]
     end = len(ids) if max_length is None else max_length
     return TokenizedExample(ids[:end], mask[:end])
@@ -444,14 +389,3 @@ def _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device) ->
     )
     new_ids = output[0, len(prompt) :].tolist()
     return tokenizer.decode(new_ids, skip_special_tokens=True)
-
-
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """End-of-reply ids: the generation config's (may be several) plus the tokenizer's."""
-    ids = []
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (configured, getattr(tokenizer, "eos_token_id", None)):
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None and item not in ids:
-                ids.append(int(item))
-    return ids

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.errors import ConfigError
+from models.errors import ConfigError
 from models.heads.base import DraftHead
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from backend.errors import ConfigError, IncompatibleHeadError
 from models.checkpoints import load_head, save_head
+from models.errors import ConfigError, IncompatibleHeadError
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind, head_config_for_target

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from backend.errors import CheckpointError
-from backend.services.export_cli import export
+from backend.frontends.export_cli import export
 from models.checkpoints import load_head, save_head
 from models.heads.fc_bias_fold import fold_fc_bias
 from tests.factories import tiny_head, tiny_target

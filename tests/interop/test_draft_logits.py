@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from backend.config import TreeConfig
 from backend.engine.drafter import EagleDrafter
 from backend.engine.target import TargetRunner
-from backend.services.export_cli import export
+from backend.frontends.export_cli import export
 from models.checkpoints import load_head, save_head
 from models.heads.config import HeadKind, head_config_for_target
 from models.heads.registry import head_class

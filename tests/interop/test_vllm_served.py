@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.services.export_cli import export
+from backend.frontends.export_cli import export
 from backend.services.loading import load_pair
 from tests.interop.vllm_server import VllmServer, cpu_spec
 

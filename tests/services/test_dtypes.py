@@ -14,7 +14,8 @@ import torch
 from app.models_tab import ModelsController
 from backend.api import Backend
 from backend.errors import ConfigError
-from backend.services import dtypes, generate_cli
+from backend.frontends import generate_cli
+from backend.services import dtypes
 from backend.services.catalog import load_catalog
 from backend.services.dtypes import choose_dtype, resolve_dtype
 

@@ -40,7 +40,8 @@ from backend.errors import (
     RepoNotFoundError,
 )
 from backend.events import Progress
-from backend.services import hub, hub_cli, hub_progress
+from backend.frontends import download_cli
+from backend.services import hub, hub_progress
 
 COMMIT = "c0ffee" + "0" * 34
 TARGET = "org/tiny-target"
@@ -498,19 +499,19 @@ def test_truncated_file_is_a_network_error_and_leaves_no_blob(fake_hub: FakeHub)
 
 def _cli_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    hub_cli.add_arguments(parser)
+    download_cli.add_arguments(parser)
     return parser.parse_args(argv)
 
 
 def test_cli_downloads_target_and_head(fake_hub: FakeHub, capsys: pytest.CaptureFixture) -> None:
     fake_hub.repos[TARGET] = FakeRepo(_target_files())
     fake_hub.repos[HEAD] = FakeRepo({"config.json": b"{}", "pytorch_model.bin": b"w" * 5000})
-    assert hub_cli.run(_cli_args(TARGET, "--head", HEAD, "--dry-run")) == 0
+    assert download_cli.run(_cli_args(TARGET, "--head", HEAD, "--dry-run")) == 0
     out = capsys.readouterr().out
     assert "model-00001-of-00002.safetensors" in out and "pytorch_model.bin" in out
     assert "to download" in out and fake_hub.resolves("GET") == []
 
-    assert hub_cli.run(_cli_args(TARGET, "--head", HEAD)) == 0
+    assert download_cli.run(_cli_args(TARGET, "--head", HEAD)) == 0
     captured = capsys.readouterr()
     assert "100%" in captured.err and "5/5 files" in captured.err
     lines = captured.out.splitlines()
@@ -519,7 +520,7 @@ def test_cli_downloads_target_and_head(fake_hub: FakeHub, capsys: pytest.Capture
 
 
 def test_cli_prints_error_and_hint(fake_hub: FakeHub, capsys: pytest.CaptureFixture) -> None:
-    assert hub_cli.run(_cli_args("org/does-not-exist")) == 2
+    assert download_cli.run(_cli_args("org/does-not-exist")) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: ") and "org/does-not-exist" in err[0]
     assert err[1].startswith("hint: ")

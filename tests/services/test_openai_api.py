@@ -19,7 +19,7 @@ import pytest
 from backend.api import Backend
 from backend.config import LoadConfig
 from backend.events import Finished, Loaded
-from backend.services.openai_api import ServerHandle, start_openai_server
+from backend.frontends.openai_server import ServerHandle, start_openai_server
 from tests.services.conftest import SavedPairs, greedy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def test_binds_loopback_by_default(empty_server: ServerHandle) -> None:
 def test_serve_api_cli_glue(saved_pairs: SavedPairs) -> None:
     """``serve-api`` loads the pair, prints its URL and answers on loopback until stopped."""
     script = (
-        "import argparse, sys; from backend.services import openai_api as m; "
+        "import argparse, sys; from backend.frontends import openai_server as m; "
         "p = argparse.ArgumentParser(); m.add_arguments(p); sys.exit(m.run(p.parse_args()))"
     )
     args = ["--target", str(saved_pairs.target), "--head", str(saved_pairs.head), "--port", "0"]

@@ -30,7 +30,7 @@ import pytest
 from backend.api import Backend
 from backend.config import LoadConfig
 from backend.events import Finished, Loaded, RoundCompleted, Started
-from backend.services.openai_api import ServerHandle, start_openai_server
+from backend.frontends.openai_server import ServerHandle, start_openai_server
 from models.checkpoints import save_head
 from tests.factories import easy_llama_pair, tiny_tokenizer
 from tests.services.test_openai_api import post

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from backend.errors import ConfigError, InputError
+from models.chat_format import encode_prompt, plain_completion_ids
 from models.training.data import (
-    encode_prompt,
     load_conversations,
     load_documents,
     prompt_messages,
@@ -64,6 +64,9 @@ def test_plain_completion_without_chat_template_and_truncation():
     assert encode_prompt(tokenizer, CONVERSATION[:4]) == tokenizer(
         "hello worldthe fox\nok", add_special_tokens=True
     )["input_ids"]
+    # serving's prompt encoding and training's tokenisation of the same turns agree
+    prompt_example = tokenize_conversation(tokenizer, CONVERSATION[:4], max_length=1000)
+    assert plain_completion_ids(tokenizer, CONVERSATION[:4]) == prompt_example.input_ids
     cut = tokenize_conversation(tokenizer, CONVERSATION, max_length=5)
     assert cut.input_ids == example.input_ids[:5]
     assert cut.loss_mask == example.loss_mask[:5]

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from backend.config import GenerationConfig
 from backend.errors import ConfigError
-from backend.services import training_cli
+from backend.frontends import train_cli
 from models.checkpoints import load_head
 from models.heads.layers import causal_bias
 from models.training.data import TokenizedExample
@@ -139,7 +139,7 @@ def test_trained_head_speeds_up_the_engine(easy_target, tmp_path, kind, extra):
     of at most 6 with the default depth-5 tree)."""
     examples = _greedy_examples(easy_target, count=24, new_tokens=30, seed=1)
     prompts = [e.input_ids[:PROMPT_LEN] for e in _greedy_examples(easy_target, 3, 1, seed=2)]
-    evaluate = training_cli.make_tau_evaluator(
+    evaluate = train_cli.make_tau_evaluator(
         easy_target, None, prompts, GenerationConfig(max_new_tokens=32)
     )
     config = _config(tmp_path, kind, steps=60, checkpoint_every=0, **extra)
@@ -154,7 +154,7 @@ def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
                                {"from": "gpt", "value": "the fox"}]} for i in range(6)]  # fmt: skip
     (tmp_path / "data.json").write_text(json.dumps(rows))
     parser = argparse.ArgumentParser()
-    training_cli.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args([
         "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.json"),
         "--kind", "eagle3", "--out", str(tmp_path / "head"), "--steps", "3",
@@ -162,17 +162,17 @@ def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
         "--draft-vocab-size", "64", "--ttt-steps", "2", "--eval-prompts", "1",
         "--eval-max-new-tokens", "6", "--device", "cpu", "--checkpoint-every", "3",
     ])  # fmt: skip
-    assert training_cli.run(args) == 0
+    assert train_cli.run(args) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("trained eagle3 head: 3 steps") and "1 held-out prompts" in line
     assert load_head(tmp_path / "head").config.draft_vocab_size == 64
     # --resume continues from checkpoint-3 and reuses the regenerated replies
-    monkeypatch.setattr(training_cli, "regenerate_replies", pytest.fail)
+    monkeypatch.setattr(train_cli, "regenerate_replies", pytest.fail)
     args.resume, args.steps = True, 4
-    assert training_cli.run(args) == 0
+    assert train_cli.run(args) == 0
     assert capsys.readouterr().out.startswith("trained eagle3 head: 4 steps")
     args.target = str(tmp_path / "missing")
-    assert training_cli.run(args) == training_cli.EXIT_ERROR
+    assert train_cli.run(args) == train_cli.EXIT_ERROR
 
 
 def test_large_features_train_through_scaled_fc_columns_and_save_plain(easy_target) -> None:

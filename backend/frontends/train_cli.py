@@ -31,15 +31,15 @@ from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished, average_acceptance_length
-from backend.services.dtypes import DTYPES, resolve_dtype
+from backend.frontends.flags import add_flags
+from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import TargetSource, local_source
+from models.chat_format import encode_prompt, eos_token_ids
 from models.checkpoints import check_safetensors_folder
 from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
 from models.training.data import (
-    encode_prompt,
-    eos_token_ids,
     load_conversations,
     load_documents,
     prompt_messages,
@@ -60,7 +60,7 @@ REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True,
                         help="local directory of the target model, or its .gguf file")  # fmt: skip
-    parser.add_argument("--gguf-file", default=None, help="GGUF file name inside --target")
+    add_flags(parser, "gguf-file")
     parser.add_argument("--data", required=True, nargs="+",
                         help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)")  # fmt: skip
     parser.add_argument("--text", action="store_true",
@@ -92,8 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-prompts", type=int, default=8,
                         help="held-out prompts for the tau evaluation (0 = none)")  # fmt: skip
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                        help="target dtype (auto: bfloat16 on CUDA, float32 otherwise)")  # fmt: skip
+    add_flags(parser, "dtype")
     parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
     parser.add_argument("--seed", type=int, default=0)
 

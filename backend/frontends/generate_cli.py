@@ -11,7 +11,6 @@ import sys
 
 from backend.api import Backend
 from backend.config import (
-    DEFAULT_MAX_NEW_TOKENS,
     GenerationConfig,
     LoadConfig,
     SamplingConfig,
@@ -20,50 +19,35 @@ from backend.config import (
 from backend.engine.device import choose_device
 from backend.errors import ConfigError, EagleChatError
 from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
+from backend.frontends.flags import (
+    add_flags,
+    add_loading_flags,
+    add_model_flags,
+    add_sampling_flags,
+    add_tree_flags,
+)
 from backend.services.catalog import find_pair
 from backend.services.dtypes import choose_dtype
 
 _TREE = TreeConfig()
-_SAMPLING = SamplingConfig()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_model_flags(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--system", help="system prompt")
-    parser.add_argument("--mode", choices=["eagle", "vanilla"], default=None,
-                        help="default: eagle when a head is given, else vanilla")  # fmt: skip
-    parser.add_argument("--temperature", type=float, default=_SAMPLING.temperature)
-    parser.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
-    parser.add_argument("--top-k-sampling", type=int, default=_SAMPLING.top_k,
-                        help="top-k cut of the sampling distribution (0 = off)")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    parser.add_argument("--total-tokens", type=int,
-                        help=f"tree nodes verified per round, root included (e.g. {_TREE.total_tokens}); "
-                        "default: chosen automatically from measured costs and acceptance")  # fmt: skip
-    parser.add_argument("--depth", type=int, help=f"draft steps per round (e.g. {_TREE.depth})")
-    parser.add_argument("--top-k", type=int, help=f"tree branching (e.g. {_TREE.top_k})")
-    parser.add_argument("--tree-shape", choices=["dynamic", "static"], default=_TREE.shape)
     parser.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+        "--mode",
+        choices=["eagle", "vanilla"],
+        default=None,
+        help="default: eagle when a head is given, else vanilla",
     )
-    parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none")
-    parser.add_argument("--device-map", help="accelerate device_map, e.g. auto")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow model repos to run their own code (off by default)")  # fmt: skip
-    parser.add_argument("--seed", type=int)
+    add_sampling_flags(parser)
+    add_flags(parser, "max-new-tokens")
+    add_tree_flags(parser)
+    add_loading_flags(parser)
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that name a pair, shared by every command that loads one."""
-    parser.add_argument("--pair", help="catalog pair name (e.g. demo, gemma3-270m) instead of "
-                        "--target/--head")  # fmt: skip
-    parser.add_argument("--target", help="target model: local folder, .gguf file, Hub id, or "
-                        "org/name:file.gguf")  # fmt: skip
-    parser.add_argument("--gguf-file", help="GGUF file inside the --target folder or Hub repo")
-    parser.add_argument("--head", help="EAGLE draft head: local path or Hub id")
 
 
 def load_config_from(args: argparse.Namespace) -> LoadConfig:

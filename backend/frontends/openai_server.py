@@ -49,7 +49,8 @@ from backend.events import (
     PairInfo,
     RoundCompleted,
 )
-from backend.services.generate_cli import add_target_arguments, load_config_from
+from backend.frontends.flags import add_loading_flags, add_model_flags
+from backend.frontends.generate_cli import load_config_from
 
 if TYPE_CHECKING:
     from backend.api import Backend
@@ -408,18 +409,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_model_flags(parser)
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help="interface to bind (default: loopback only)"
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
-    )
-    parser.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none")
-    parser.add_argument("--device-map", help="accelerate device_map, e.g. auto")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow model repos to run their own code (off by default)")  # fmt: skip
+    add_loading_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""Chat sessions and the model queue: stop leaves the session usable, concurrent requests run
-one at a time in arrival order, history goes through the chat template, models switch live."""
+"""The model queue and conversations through Backend.stream: a stopped reply leaves the backend
+usable, concurrent requests run one at a time in arrival order, the history goes through the
+chat template, models switch live under a running conversation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import pytest
 from backend.api import Backend
 from backend.config import LoadConfig
 from backend.events import Finished, GenerationEvent, Loaded, RoundCompleted, Started
-from backend.services.sessions import ChatSession
 from tests.services.conftest import SavedPairs, greedy
 
 
@@ -37,6 +37,10 @@ def wait_until(predicate, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def turn(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
 def reference(backend: Backend, messages, max_new_tokens: int) -> tuple[int, ...]:
     """Vanilla decoding of the same conversation: what a correct reply must be."""
     events = list(backend.stream(messages, greedy(max_new_tokens, "vanilla")))
@@ -44,46 +48,46 @@ def reference(backend: Backend, messages, max_new_tokens: int) -> tuple[int, ...
 
 
 def test_stop_mid_stream_then_the_next_reply_is_complete_and_correct(backend: Backend) -> None:
-    session = ChatSession(backend, system_prompt="Be brief.", config=greedy(30))
+    cancel = threading.Event()
     rounds = 0
     events = []
-    for event in session.send("hello world"):
+    first = [turn("user", "hello world")]
+    for event in backend.stream(first, greedy(30), "Be brief.", cancel=cancel):
         events.append(event)
         if isinstance(event, RoundCompleted):
             rounds += 1
             if rounds == 3:
-                session.stop()
+                cancel.set()
     summary = finished(events).summary
     assert summary.stop_reason == "cancelled"
     assert 0 < summary.new_tokens < 30
-    assert [m["role"] for m in session.history] == ["user", "assistant"]  # partial reply kept
     assert backend.status().busy is False
 
-    second = finished(list(session.send("the quick brown fox"))).summary
+    history = [*first, turn("assistant", summary.text), turn("user", "the quick brown fox")]
+    second = finished(list(backend.stream(history, greedy(30), "Be brief."))).summary
     assert second.stop_reason == "max_new_tokens"
     assert second.new_tokens == 30
-    assert second.token_ids == reference(backend, session.messages[:-1], 30)
-    assert [m["role"] for m in session.history] == ["user", "assistant"] * 2
+    assert second.token_ids == reference(backend, [turn("system", "Be brief."), *history], 30)
 
 
 def test_stop_from_another_thread(backend: Backend) -> None:
-    session = ChatSession(backend, config=greedy(400))
-    started = threading.Event()
+    cancel, started = threading.Event(), threading.Event()
 
     def stopper() -> None:
         started.wait(5)
-        session.stop()
+        cancel.set()
 
     thread = threading.Thread(target=stopper)
     thread.start()
     events = []
-    for event in session.send("hello world"):
+    for event in backend.stream([turn("user", "hello world")], greedy(400), cancel=cancel):
         events.append(event)
         if isinstance(event, RoundCompleted):
             started.set()
     thread.join()
     assert finished(events).summary.stop_reason == "cancelled"
-    assert finished(list(session.send("again"))).summary.stop_reason in ("max_new_tokens", "eos")
+    again = finished(list(backend.stream([turn("user", "again")], greedy(400)))).summary
+    assert again.stop_reason in ("max_new_tokens", "eos")
 
 
 def test_concurrent_requests_run_one_at_a_time_in_arrival_order(backend: Backend) -> None:
@@ -170,31 +174,22 @@ def test_history_goes_through_the_chat_template(backend: Backend, monkeypatch) -
         return template(messages, *args, **kwargs)
 
     monkeypatch.setattr(pair.tokenizer, "apply_chat_template", spy)
-    session = ChatSession(backend, system_prompt="You are terse.", config=greedy(6))
-    first = finished(list(session.send("hello"))).summary
-    events = list(session.send("world"))
-    expected = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": first.text},
-        {"role": "user", "content": "world"},
-    ]
+    history = [turn("user", "hello"), turn("assistant", "hi there"), turn("user", "world")]
+    events = list(backend.stream(history, greedy(6), "You are terse."))
+    expected = [turn("system", "You are terse."), *history]
     assert seen[-1] == expected
     text = template(expected, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|user|>world<|end|><|assistant|>")
     prompt_tokens = len(pair.tokenizer(text, add_special_tokens=False)["input_ids"])
     assert isinstance(events[0], Started) and events[0].prompt_tokens == prompt_tokens
-    assert session.messages == expected[:3] + [
-        expected[3],
-        {"role": "assistant", "content": finished(events).summary.text},
-    ]
+    assert finished(events).summary.new_tokens == 6
 
 
-def test_switching_models_keeps_the_session_and_frees_the_old_model(
+def test_switching_models_keeps_the_conversation_and_frees_the_old_model(
     backend: Backend, saved_pairs: SavedPairs
 ) -> None:
-    session = ChatSession(backend, config=greedy(8, "vanilla"))
-    finished(list(session.send("hello")))
+    history = [turn("user", "hello")]
+    first = finished(list(backend.stream(history, greedy(8, "vanilla")))).summary
     assert backend.pair is not None
     old_model = weakref.ref(backend.pair.model)
 
@@ -204,15 +199,13 @@ def test_switching_models_keeps_the_session_and_frees_the_old_model(
     assert old_model() is None  # the first pair's weights are gone
     assert backend.status().loaded.target == str(saved_pairs.other_target)
 
-    reply = finished(list(session.send("world"))).summary
-    assert reply.token_ids == reference(backend, session.messages[:-1], 8)  # from the new model
-    assert len(session.history) == 4
+    history += [turn("assistant", first.text), turn("user", "world")]
+    reply = finished(list(backend.stream(history, greedy(8, "vanilla")))).summary
+    assert reply.token_ids == reference(backend, history, 8)  # from the new model
 
 
 def test_eagle_without_a_head_is_a_clear_error(backend: Backend, saved_pairs: SavedPairs) -> None:
     list(backend.load(LoadConfig(str(saved_pairs.other_target))))
-    session = ChatSession(backend, config=greedy(8, "eagle"))
-    events = list(session.send("hello"))
+    events = list(backend.stream([turn("user", "hello")], greedy(8, "eagle")))
     assert type(events[-1]).__name__ == "GenerationFailed"
     assert "needs a draft head" in events[-1].message
-    assert session.history == []  # a failed reply leaves no trace
