@@ -40,6 +40,7 @@ from models.features import decoder_of
 from models.heads.base import DraftHead
 from models.heads.config import HeadKind
 from models.training.data import (
+    RegenerateOptions,
     load_conversations,
     load_documents,
     prompt_messages,
@@ -171,10 +172,12 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
         return load_conversations(cache)
     from tqdm.auto import tqdm
 
+    options = RegenerateOptions(
+        args.regen_max_new_tokens, args.regen_temperature, args.max_length, args.seed
+    )
     with tqdm(total=len(conversations), desc="regenerate replies", unit="conv") as bar:
         regenerated = regenerate_replies(
-            model, tokenizer, conversations, max_new_tokens=args.regen_max_new_tokens,
-            temperature=args.regen_temperature, max_length=args.max_length, seed=args.seed,
+            model, tokenizer, conversations, options,
             progress=lambda done, total: bar.update(done - bar.n),
         )  # fmt: skip
     cache.parent.mkdir(parents=True, exist_ok=True)

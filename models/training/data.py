@@ -2,7 +2,7 @@
 
     conversations = load_conversations("sharegpt.json")
     train, held_out = split_held_out(conversations, held_out=8, seed=0)
-    train = regenerate_replies(target, tokenizer, train, max_new_tokens=256)   # optional
+    train = regenerate_replies(target, tokenizer, train, RegenerateOptions())   # optional
     examples = tokenize_conversations(tokenizer, train, max_length=2048)
 
 A head only ever drafts inside assistant replies, so only assistant tokens carry loss. The mask is
@@ -334,25 +334,30 @@ def pad_examples(
 # ---- regeneration ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class RegenerateOptions:
+    max_new_tokens: int = 256  # per reply
+    temperature: float = 0.0  # 0 = greedy
+    max_length: int = 2048  # prompt + reply tokens; later turns that do not fit are dropped
+    seed: int = 0  # of the sampling (the caller's RNG is left as it was)
+
+
 @torch.no_grad()
 def regenerate_replies(
     model,
     tokenizer,
     conversations: Sequence[Conversation],
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    max_length: int = 2048,
-    seed: int = 0,
+    options: RegenerateOptions = RegenerateOptions(),
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Conversation]:
     """Replace every assistant reply by the target's own (batch 1): after each user turn the
-    target answers the conversation so far. Greedy when temperature is 0."""
+    target answers the conversation so far. Greedy when the temperature is 0."""
     device = model.get_input_embeddings().weight.device
     eos_ids = eos_token_ids(model, tokenizer)
     out: list[Conversation] = []
     cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):  # seeded sampling; the caller's RNG is kept
-        torch.manual_seed(seed)
+        torch.manual_seed(options.seed)
         for number, conversation in enumerate(conversations, start=1):
             regenerated: Conversation = []
             for message in conversation:
@@ -362,11 +367,11 @@ def regenerate_replies(
                 if message["role"] != "user":
                     continue
                 prompt = encode_prompt(tokenizer, regenerated)
-                budget = min(max_new_tokens, max_length - len(prompt))
+                budget = min(options.max_new_tokens, options.max_length - len(prompt))
                 if budget < 1:
                     regenerated.pop()
                     break
-                reply = _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device)
+                reply = _generate(model, tokenizer, prompt, budget, options.temperature, eos_ids)
                 regenerated.append({"role": "assistant", "content": reply})
             if any(m["role"] == "assistant" for m in regenerated):
                 out.append(regenerated)
@@ -376,7 +381,10 @@ def regenerate_replies(
     return out
 
 
-def _generate(model, prompt, budget, temperature, eos_ids, tokenizer, device) -> str:
+def _generate(
+    model, tokenizer, prompt: list[int], budget: int, temperature: float, eos_ids: list[int]
+) -> str:
+    device = model.get_input_embeddings().weight.device
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
     output = model.generate(

@@ -55,31 +55,39 @@ class LossOutput:
         return tau
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """How a training batch is asked of the frozen target: the features the head reads, the
+    padding, the length cut and the device; ``logit_ids`` limits the readout to those columns."""
+
+    feature_layers: tuple[int, ...]
+    pad_id: int
+    max_length: int
+    device: torch.device
+    logit_ids: torch.Tensor | None = None
+
+
 @torch.no_grad()
 def target_batch(
-    target: nn.Module,
-    examples: Sequence[TokenizedExample],
-    feature_layers: tuple[int, ...],
-    pad_id: int,
-    max_length: int,
-    device: torch.device,
-    logit_ids: torch.Tensor | None = None,
+    target: nn.Module, examples: Sequence[TokenizedExample], spec: BatchSpec
 ) -> TargetBatch:
     """Pad a batch on the right and run the frozen target once: features and logits.
 
-    With ``logit_ids`` only those columns of the target's readout are computed: for a large
+    With ``spec.logit_ids`` only those columns of the target's readout are computed: for a large
     vocabulary (Gemma's 262k) the full readout costs more than all decoder layers together.
     """
-    ids, mask, valid = pad_examples(examples, pad_id, max_length, device)
-    with FeatureCapture(target, feature_layers) as capture:
+    device, logit_ids = spec.device, spec.logit_ids
+    ids, mask, valid = pad_examples(examples, spec.pad_id, spec.max_length, device)
+    with FeatureCapture(target, spec.feature_layers) as capture:
         if logit_ids is None:
             logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
         else:
             hidden = decoder_of(target)(input_ids=ids, attention_mask=valid).last_hidden_state
             logits = partial_readout(target, hidden, logit_ids).to(device)  # [B, S, C]
         features = capture.features().to(device)  # [B, S, F] (a dispatched target may differ)
-    return TargetBatch(input_ids=ids, loss_mask=mask, features=features, target_logits=logits,
-                       logit_ids=logit_ids)  # fmt: skip
+    return TargetBatch(
+        input_ids=ids, loss_mask=mask, features=features, target_logits=logits, logit_ids=logit_ids
+    )
 
 
 def partial_readout(target: nn.Module, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,9 @@ import logging
 import math
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ from models.heads.registry import head_class
 from models.training.data import TokenizedExample, batch_indices
 from models.training.draft_vocab import build_draft_vocab, install_draft_vocab, token_counts
 from models.training.losses import (
+    BatchSpec,
     LossOutput,
     TargetBatch,
     eagle1_loss,
@@ -332,6 +334,67 @@ def train_head(
             f"{out_dir} already holds training checkpoints",
             hint="resume them (--resume) or choose another output directory",
         )
+    run = _start(target, tokenizer, examples, config)
+    run.progress_callback, run.evaluate = progress_callback, evaluate
+    if config.resume and existing:
+        _resume(run, existing[-1][1])
+    elif config.resume:
+        logger.info("no checkpoint in %s: starting from step 0", out_dir)
+    if run.head.config.has_reduced_vocab and config.draft_readout_only:
+        draft_ids = torch.arange(run.head.config.draft_vocab_size, device=run.batches.device)
+        run.batches = replace(run.batches, logit_ids=run.head.to_target_ids(draft_ids))
+    run.bar = _progress_bar(config, run.total, run.result.steps)
+    try:
+        _train_steps(run)
+    finally:
+        if run.bar is not None:
+            run.bar.close()
+    result = run.result
+    head = result.head = plain_head(run.head)  # the official format from here on
+    save_head(head, out_dir)
+    if evaluate is not None:
+        result.tau = _evaluate(head, evaluate)
+    _write_summary(out_dir, config, result)
+    return result
+
+
+@dataclass(slots=True)
+class _Run:
+    """One ``train_head`` call's moving parts, from the first step to the last."""
+
+    config: TrainConfig
+    target: nn.Module
+    examples: Sequence[TokenizedExample]
+    head: DraftHead
+    batches: BatchSpec
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    noise_rng: torch.Generator
+    result: TrainResult
+    total: int
+    bar: Any = None
+    progress_callback: Callable[[TrainProgress], None] | None = None
+    evaluate: Callable[[DraftHead], float] | None = None
+
+    def save_checkpoint(self) -> None:
+        """A checkpoint at the current step: the head plus everything a resume restores."""
+        state = {
+            "step": self.result.steps,
+            "total_steps": self.total,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "noise_rng": self.noise_rng.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "losses": list(self.result.losses),
+        }
+        out_dir, keep = Path(self.config.out_dir), self.config.keep_checkpoints
+        _save_checkpoint(out_dir, self.result.steps, self.head, state, keep)
+
+
+def _start(
+    target: nn.Module, tokenizer, examples: Sequence[TokenizedExample], config: TrainConfig
+) -> _Run:
+    """The frozen target on its device, a fresh head for it, the optimizer and the schedule."""
     device = (
         torch.device(config.device)
         if config.device
@@ -342,10 +405,10 @@ def train_head(
     target.eval().requires_grad_(False)
     head = build_head_for_target(target, tokenizer, examples, config).to(device).train()
     feature_layers = head.feature_layers(len(decoder_of(target).layers))
-    pad_id = pad_id_of(tokenizer)
+    batches = BatchSpec(feature_layers, pad_id_of(tokenizer), config.max_length, device)
     if head.kind is HeadKind.EAGLE3:
-        first = [examples[i] for i in batch_indices(len(examples), config.batch_size, 0, config.seed)]
-        sample = target_batch(target, first, feature_layers, pad_id, config.max_length, device)
+        first = batch_indices(len(examples), config.batch_size, 0, config.seed)
+        sample = target_batch(target, [examples[i] for i in first], batches)
         scale_fc_inputs(head, feature_scale(sample.features, sample.loss_mask))
     total = config.steps or math.ceil(config.epochs * len(examples) / config.batch_size)
     warmup = config.warmup_steps if config.warmup_steps is not None else max(1, total // 20)
@@ -357,85 +420,63 @@ def train_head(
         optimizer, warmup_cosine(total, warmup, config.min_lr_ratio)
     )
     noise_rng = torch.Generator(device=device).manual_seed(config.seed)
-    result = TrainResult(head=head, out_dir=out_dir, steps=0)
-    if config.resume and existing:
-        step_done, path = existing[-1]
-        state = _restore(path, head)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        noise_rng.set_state(state["noise_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        result.losses = list(state["losses"])
-        result.steps = result.resumed_from = int(state["step"])
-        logger.info("resumed from %s (step %d of %d)", path, step_done, total)
-    elif config.resume:
-        logger.info("no checkpoint in %s: starting from step 0", out_dir)
-    draft_ids = None
-    if head.config.has_reduced_vocab and config.draft_readout_only:
-        draft_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=device))
-    bar = _progress_bar(config, total, result.steps)
+    result = TrainResult(head=head, out_dir=Path(config.out_dir), steps=0)
+    return _Run(
+        config, target, examples, head, batches, optimizer, scheduler, noise_rng, result, total
+    )
+
+
+def _resume(run: _Run, path: Path) -> None:
+    """Continue from the checkpoint at ``path``: weights, optimizer, schedule, RNGs, losses."""
+    state = _restore(path, run.head)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.noise_rng.set_state(state["noise_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    run.result.losses = list(state["losses"])
+    run.result.steps = run.result.resumed_from = int(state["step"])
+    logger.info("resumed from %s (step %d of %d)", path, run.result.steps, run.total)
+
+
+def _train_steps(run: _Run) -> None:
+    """Steps from where the run stands to the end; Ctrl+C saves a checkpoint at that step."""
+    config, result = run.config, run.result
+    params = [p for group in run.optimizer.param_groups for p in group["params"]]
     updating = False  # True while the weights and the optimizer state disagree
     try:
-        for step in range(result.steps, total):
-            picked = batch_indices(len(examples), config.batch_size, step, config.seed)
-            batch = target_batch(
-                target, [examples[i] for i in picked], feature_layers, pad_id,
-                config.max_length, device, logit_ids=draft_ids,
-            )  # fmt: skip
-            output = _loss(head, batch, config, noise_rng)
-            optimizer.zero_grad(set_to_none=True)
+        for step in range(result.steps, run.total):
+            picked = batch_indices(len(run.examples), config.batch_size, step, config.seed)
+            batch = target_batch(run.target, [run.examples[i] for i in picked], run.batches)
+            output = _loss(run.head, batch, config, run.noise_rng)
+            run.optimizer.zero_grad(set_to_none=True)
             output.loss.backward()
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             updating = True
-            optimizer.step()
-            scheduler.step()
+            run.optimizer.step()
+            run.scheduler.step()
             result.steps = done = step + 1
             updating = False
             result.losses.append(float(output.loss.detach()))
             result.accuracies, result.estimated_tau = output.accuracies, output.estimated_tau()
             tau = None
-            if evaluate is not None and config.eval_every and done % config.eval_every == 0:
-                tau = _evaluate(head, evaluate) if done < total else None
-            _report(result, output, done, total, scheduler, tau, config, bar, progress_callback)
-            if config.checkpoint_every and (done % config.checkpoint_every == 0 or done == total):
-                state = _trainer_state(done, total, optimizer, scheduler, noise_rng, result.losses)
-                _save_checkpoint(out_dir, done, head, state, config.keep_checkpoints)
+            if run.evaluate is not None and config.eval_every and done % config.eval_every == 0:
+                tau = _evaluate(run.head, run.evaluate) if done < run.total else None
+            _report(run, output, tau)
+            due = config.checkpoint_every and done % config.checkpoint_every == 0
+            if due or (config.checkpoint_every and done == run.total):
+                run.save_checkpoint()
     except KeyboardInterrupt:
         # Save where we are, so that resume=True continues from this very step.
         if not updating and result.steps > (result.resumed_from or 0):
-            state = _trainer_state(
-                result.steps, total, optimizer, scheduler, noise_rng, result.losses
-            )
-            _save_checkpoint(out_dir, result.steps, head, state, config.keep_checkpoints)
+            run.save_checkpoint()
         raise
-    finally:
-        if bar is not None:
-            bar.close()
-    head = result.head = plain_head(head)  # the official format from here on
-    save_head(head, out_dir)
-    if evaluate is not None:
-        result.tau = _evaluate(head, evaluate)
-    _write_summary(out_dir, config, result)
-    return result
 
 
 def _loss(head: DraftHead, batch: TargetBatch, config: TrainConfig, rng) -> LossOutput:
     if config.kind is HeadKind.EAGLE1:
         return eagle1_loss(head, batch, noise=config.noise, generator=rng)
     return eagle3_loss(head, batch, ttt_steps=config.ttt_steps)
-
-
-def _trainer_state(step, total, optimizer, scheduler, noise_rng, losses) -> dict:
-    return {
-        "step": step,
-        "total_steps": total,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "noise_rng": noise_rng.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "losses": list(losses),
-    }
 
 
 def _evaluate(head: DraftHead, evaluate: Callable[[DraftHead], float]) -> float:
@@ -455,25 +496,27 @@ def _progress_bar(config: TrainConfig, total: int, start: int):
     return tqdm(total=total, initial=start, desc=f"train {config.kind.value} head", unit="step")
 
 
-def _report(result, output, done, total, scheduler, tau, config, bar, callback) -> None:
+def _report(run: _Run, output: LossOutput, tau: float | None) -> None:
+    """One step's numbers to the progress bar, the log and the caller's callback."""
+    result, done, total = run.result, run.result.steps, run.total
     accuracy = output.accuracies[0] if output.accuracies else 0.0
     progress = TrainProgress(
         step=done, total_steps=total, loss=result.losses[-1], accuracy=accuracy,
-        estimated_tau=result.estimated_tau, lr=scheduler.get_last_lr()[0], tau=tau,
+        estimated_tau=result.estimated_tau, lr=run.scheduler.get_last_lr()[0], tau=tau,
     )  # fmt: skip
-    if bar is not None:
+    if run.bar is not None:
         postfix = {"loss": f"{progress.loss:.3f}", "acc": f"{accuracy:.2f}",
                    "tau~": f"{progress.estimated_tau:.2f}"}  # fmt: skip
         if tau is not None:
             postfix["tau"] = f"{tau:.2f}"
-        bar.set_postfix(postfix, refresh=False)
-        bar.update(1)
-    if done % max(1, config.log_every) == 0 or done == total or tau is not None:
+        run.bar.set_postfix(postfix, refresh=False)
+        run.bar.update(1)
+    if done % max(1, run.config.log_every) == 0 or done == total or tau is not None:
         logger.info("step %d/%d loss %.4f acc %.3f est. tau %.2f lr %.2e%s", done, total,
                     progress.loss, accuracy, progress.estimated_tau, progress.lr,
                     f" held-out tau {tau:.2f}" if tau is not None else "")  # fmt: skip
-    if callback is not None:
-        callback(progress)
+    if run.progress_callback is not None:
+        run.progress_callback(progress)
 
 
 def _write_summary(out_dir: Path, config: TrainConfig, result: TrainResult) -> None:

@@ -11,6 +11,7 @@ import torch
 from backend.errors import ConfigError, InputError
 from models.chat_format import encode_prompt, plain_completion_ids
 from models.training.data import (
+    RegenerateOptions,
     load_conversations,
     load_documents,
     prompt_messages,
@@ -148,8 +149,10 @@ def test_regenerate_replaces_replies_with_the_targets_greedy_output():
     tokenizer = tiny_tokenizer()
     target = tiny_target(vocab_size=len(tokenizer), num_layers=2)
     conversations = [CONVERSATION, [{"role": "user", "content": "the quick"}]]
-    out = regenerate_replies(target, tokenizer, conversations, max_new_tokens=6)
-    assert out == regenerate_replies(target, tokenizer, conversations, max_new_tokens=6)
+    out = regenerate_replies(target, tokenizer, conversations, RegenerateOptions(max_new_tokens=6))
+    assert out == regenerate_replies(
+        target, tokenizer, conversations, RegenerateOptions(max_new_tokens=6)
+    )
     assert [[m["role"] for m in c] for c in out] == [
         ["system", "user", "assistant", "user", "assistant"],
         ["user", "assistant"],
@@ -161,7 +164,6 @@ def test_regenerate_replaces_replies_with_the_targets_greedy_output():
     )[0, len(prompt) :]  # fmt: skip
     assert out[1][1]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
     assert out[0][2]["content"] != "the fox"  # a random model does not write the data set's reply
-    sampled = regenerate_replies(target, tokenizer, conversations, 6, temperature=1.0, seed=5)
-    assert sampled == regenerate_replies(
-        target, tokenizer, conversations, 6, temperature=1.0, seed=5
-    )
+    sampling = RegenerateOptions(6, temperature=1.0, seed=5)
+    sampled = regenerate_replies(target, tokenizer, conversations, sampling)
+    assert sampled == regenerate_replies(target, tokenizer, conversations, sampling)

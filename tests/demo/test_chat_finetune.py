@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.training.chat_finetune import (
+from models.demo.chat_finetune import (
     FinetuneOptions,
     finetune_on_conversations,
     reply_entropy,

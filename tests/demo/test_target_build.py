@@ -1,4 +1,5 @@
-"""End-to-end check of the demo-target build at toy size (a few KB of text, 2 layers, seconds)."""
+"""End-to-end check of the demo-target build at toy size (a few KB of text, 2 layers, seconds),
+through the make-demo-target front end."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.training import demo_target as dt
+from backend.frontends import demo_target_cli as cli
+from models.demo.pretrain import load_checkpoint
+from models.demo.target import PACKAGE_LOGGER
+from models.demo.tokenizer import ASSISTANT, BOS, EOS, load_tokenizer
 
 STORY = (
     "Once upon a time there was a little cat named Tom. Tom liked to play in the sun. "
@@ -57,7 +61,7 @@ def _write_toy_data(root: Path) -> None:
 
 def _args(tmp: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    dt.add_arguments(parser)
+    cli.add_arguments(parser)
     return parser.parse_args(
         [
             "--data-dir",
@@ -124,17 +128,17 @@ def test_demo_target_pipeline(
     tmp_path: Path, offline_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     _write_toy_data(tmp_path / "data")
-    caplog.set_level(logging.INFO, logger=dt.__name__)
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
 
     # 1) interrupted run: stops after 15 steps with a checkpoint, exports nothing
-    assert dt.run(_args(tmp_path, "--stop-after", "15")) == 0
-    ckpt = dt.load_checkpoint(tmp_path / "work" / "ckpt" / "last.pt")
+    assert cli.run(_args(tmp_path, "--stop-after", "15")) == 0
+    ckpt = load_checkpoint(tmp_path / "work" / "ckpt" / "last.pt")
     assert ckpt["state"]["step"] == 15 and not ckpt["state"]["finished"]
     assert ckpt["state"]["epoch"] * 1000 + ckpt["state"]["index"] > 0  # data position saved
     assert not (tmp_path / "out" / "target").exists()
 
     # tokenizer: round trip and chat template
-    tok = dt.load_tokenizer(tmp_path / "work" / "tokenizer")
+    tok = load_tokenizer(tmp_path / "work" / "tokenizer")
     text = "Tom has 12 balls, and the EagleChat demo says: héllo!\n  ok"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     messages = [
@@ -144,21 +148,21 @@ def test_demo_target_pipeline(
         {"role": "user", "content": "Bye"},
     ]
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert prompt.startswith(dt.BOS) and prompt.endswith(dt.ASSISTANT)
-    assert prompt.count(dt.EOS) == 4
+    assert prompt.startswith(BOS) and prompt.endswith(ASSISTANT)
+    assert prompt.count(EOS) == 4
     ids = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
-    assert ids[-1] == tok.convert_tokens_to_ids(dt.ASSISTANT)
+    assert ids[-1] == tok.convert_tokens_to_ids(ASSISTANT)
 
     # 2) the same command resumes at the saved step and finishes + exports
     caplog.clear()
-    assert dt.run(_args(tmp_path)) == 0
+    assert cli.run(_args(tmp_path)) == 0
     assert any(
         "resuming from" in r.getMessage() and "step 15," in r.getMessage() for r in caplog.records
     )
     out = tmp_path / "out" / "target"
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["training"]["steps"] == 40
-    hist = dt.load_checkpoint(tmp_path / "work" / "ckpt" / "last.pt")["state"]["history"]
+    hist = load_checkpoint(tmp_path / "work" / "ckpt" / "last.pt")["state"]["history"]
     assert hist[0]["step"] == 1 and hist[-1]["step"] == 40
     assert hist[-1]["loss"] < hist[0]["loss"] - 1.0, hist  # the loss falls
     assert manifest["data"]["sources"]["fastchat_dummy"]["licence"] == "Apache-2.0"
@@ -170,7 +174,7 @@ def test_demo_target_pipeline(
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.dtype == torch.bfloat16
     tok2 = AutoTokenizer.from_pretrained(str(out))
-    assert tok2.eos_token == dt.EOS and model.generation_config.eos_token_id == tok2.eos_token_id
+    assert tok2.eos_token == EOS and model.generation_config.eos_token_id == tok2.eos_token_id
     enc = tok2.apply_chat_template(
         [{"role": "user", "content": "Who are you?"}],
         add_generation_prompt=True,

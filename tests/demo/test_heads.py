@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from models.demo.heads import ReplyOptions, answer_prompts, write_sharegpt
 from models.training.data import load_conversations
-from models.training.demo_heads import answer_prompts, write_sharegpt
 from tests.factories import tiny_target, tiny_tokenizer
 
 
@@ -22,7 +22,9 @@ def test_batched_answers_match_single_generation(tmp_path) -> None:
         ],
         [{"role": "user", "content": "ok"}],
     ]
-    answered = answer_prompts(target, tokenizer, prompts, max_new_tokens=12, batch_size=3)
+    answered = answer_prompts(
+        target, tokenizer, prompts, ReplyOptions(max_new_tokens=12, batch_size=3)
+    )
     assert len(answered) == 3
     for prompt, conversation in zip(prompts, answered):
         assert conversation[:-1] == prompt and conversation[-1]["role"] == "assistant"
@@ -41,11 +43,13 @@ def test_sampled_answers_are_seeded_draws_not_the_greedy_reply() -> None:
     target = tiny_target("llama", vocab_size=len(tokenizer), num_layers=2)
     target.generation_config.eos_token_id = tokenizer.eos_token_id
     prompts = [[{"role": "user", "content": "hello world"}], [{"role": "user", "content": "ok"}]]
-    greedy = answer_prompts(target, tokenizer, prompts, max_new_tokens=16)
+    greedy = answer_prompts(target, tokenizer, prompts, ReplyOptions(max_new_tokens=16))
 
     def sampled():
         torch.manual_seed(0)
-        return answer_prompts(target, tokenizer, prompts, max_new_tokens=16, temperature=1.0)
+        return answer_prompts(
+            target, tokenizer, prompts, ReplyOptions(max_new_tokens=16, temperature=1.0)
+        )
 
     first, second = sampled(), sampled()
     assert first == second  # reproducible under a seed

@@ -2,7 +2,7 @@
 sources as the demo target, answered by the demo target itself (greedy, batched), so the heads
 learn exactly the distribution they will be asked to predict.
 
-    python launch.py make-demo      # target (if missing) + this data + both heads
+    python launch.py make-demo      # target (if missing) + this data + both heads (build.py)
 """
 
 from __future__ import annotations
@@ -11,13 +11,21 @@ import json
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from models.training.demo_target import collect_corpus
+from models.demo.corpus import collect_corpus
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    max_new_tokens: int
+    batch_size: int = 32  # prompts generated together (left-padded)
+    temperature: float = 0.0  # 0 = greedy
 
 
 def demo_prompts(data_dir: Path, count: int, seed: int = 0) -> list[list[dict[str, str]]]:
@@ -49,43 +57,51 @@ def answer_prompts(
     model,
     tokenizer,
     prompts: list[list[dict[str, str]]],
-    max_new_tokens: int,
-    batch_size: int = 32,
+    options: ReplyOptions,
     progress: Callable[[int, int], None] | None = None,
-    temperature: float = 0.0,
 ) -> list[list[dict[str, str]]]:
-    """Replies of ``model`` to each prompt (greedy, or sampled at ``temperature``), generated in
-    left-padded batches."""
+    """Replies of ``model`` to each prompt (greedy, or sampled at ``options.temperature``),
+    generated in left-padded batches of prompts of similar length."""
     tokenizer.padding_side = "left"
-    device = model.get_input_embeddings().weight.device
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    conversations = []
     order = sorted(range(len(prompts)), key=lambda i: len(str(prompts[i])))  # similar lengths
     replies: dict[int, str] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    for start in range(0, len(order), options.batch_size):
+        chunk = order[start : start + options.batch_size]
         texts = [
             tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False)
             for i in chunk
         ]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        output = model.generate(
-            **batch, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-            do_sample=temperature > 0, **({"temperature": temperature} if temperature > 0 else {}),
-            eos_token_id=model.generation_config.eos_token_id,
-        )  # fmt: skip
-        new = output[:, batch["input_ids"].shape[1] :]
-        for index, row in zip(chunk, new.tolist()):
-            replies[index] = tokenizer.decode(row, skip_special_tokens=True).strip()
+        for index, reply in zip(chunk, _generate_batch(model, tokenizer, texts, options)):
+            replies[index] = reply
         if progress is not None:
-            progress(min(start + batch_size, len(order)), len(order))
-    for index, prompt in enumerate(prompts):
-        if replies.get(index):
-            conversations.append([*prompt, {"role": "assistant", "content": replies[index]}])
-    return conversations
+            progress(min(start + options.batch_size, len(order)), len(order))
+    return [
+        [*prompt, {"role": "assistant", "content": replies[index]}]
+        for index, prompt in enumerate(prompts)
+        if replies.get(index)
+    ]
+
+
+def _generate_batch(model, tokenizer, texts: list[str], options: ReplyOptions) -> list[str]:
+    """The decoded replies to one left-padded batch of rendered prompts."""
+    device = model.get_input_embeddings().weight.device
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    sampling = {"do_sample": options.temperature > 0}
+    if options.temperature > 0:
+        sampling["temperature"] = options.temperature
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    output = model.generate(
+        **batch,
+        max_new_tokens=options.max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=model.generation_config.eos_token_id,
+        **sampling,
+    )
+    new = output[:, batch["input_ids"].shape[1] :]
+    return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new.tolist()]
 
 
 def write_sharegpt(conversations: list[list[dict[str, str]]], path: Path) -> Path:
