@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from backend.engine.device import choose_device
 from backend.errors import ConfigError
 from models.demo.build import HEAD_SETTINGS, WORK, DemoBuildConfig, build_demo
 from models.demo.target import DEFAULT_DATA_DIR
@@ -58,6 +59,7 @@ def build_config(args: argparse.Namespace) -> DemoBuildConfig:
         target_minutes=args.target_minutes,
         kinds=kinds,
         resume=args.resume,
+        device=str(choose_device()),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from backend.engine.device import choose_device
 from models.demo.corpus import SOURCE_NAMES
 from models.demo.pretrain import ModelShape, TrainOptions
 from models.demo.target import (
@@ -168,7 +169,7 @@ def build_config(args: argparse.Namespace) -> TargetBuildConfig:
         export=not args.no_export,
         export_dtype=args.export_dtype,
         threads=args.threads,
-        device=args.device,
+        device=str(choose_device(args.device)),
     )
 
 

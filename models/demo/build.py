@@ -54,6 +54,7 @@ class DemoBuildConfig:
     target_minutes: float = 70.0
     kinds: tuple[str, ...] = ("eagle1", "eagle3")
     resume: bool = False  # continue interrupted head runs
+    device: str = "cpu"  # of the target's pretraining; chosen by the front end
 
 
 def build_demo(config: DemoBuildConfig) -> Path:
@@ -61,7 +62,8 @@ def build_demo(config: DemoBuildConfig) -> Path:
     target = DEMO / "target"
     if config.rebuild_target or not (target / "config.json").is_file():
         minutes = config.target_minutes
-        build_target(TargetBuildConfig(train=TrainOptions(budget_seconds=minutes * 60)))
+        train = TrainOptions(budget_seconds=minutes * 60)
+        build_target(TargetBuildConfig(train=train, device=config.device))
     if config.finetune_epochs > 0 and "chat_finetune" not in _manifest(target):
         finetune_target(target, config)
     data = config.work / "data.jsonl"

@@ -72,13 +72,6 @@ def build_model(config: Any, seed: int) -> Any:
     return LlamaForCausalLM(config)
 
 
-def pick_device(requested: str = "auto") -> torch.device:
-    """The device of the demo target's pretraining: CUDA when available unless told otherwise."""
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
-
-
 @dataclass
 class TrainOptions:
     seq_len: int = 512

@@ -34,7 +34,6 @@ from models.demo.pretrain import (
     build_model,
     load_checkpoint,
     make_optimizer,
-    pick_device,
     train,
 )
 from models.demo.tokenizer import (
@@ -87,7 +86,7 @@ class TargetBuildConfig:
     export: bool = True  # export when the schedule ends
     export_dtype: str = "bfloat16"
     threads: int = 1  # CPU threads for torch
-    device: str = "auto"
+    device: str = "cpu"  # chosen by the front end (the backend's device chooser)
 
     @property
     def ckpt_path(self) -> Path:
@@ -131,7 +130,7 @@ def _build(config: TargetBuildConfig) -> int:
         return _export_last(config)
     if config.fresh and config.ckpt_path.exists():
         config.ckpt_path.unlink()
-    device = pick_device(config.device)
+    device = torch.device(config.device)
     logger.info(
         "device %s, %d torch thread(s), work folder %s", device, torch.get_num_threads(), work
     )
