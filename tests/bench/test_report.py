@@ -65,15 +65,17 @@ def test_the_report_and_the_chat_panel_explain_a_slow_run_in_the_same_words() ->
     sizes, accepted = (8, 1, 8, 1), (1, 0, 0, 0)  # a 2-token round, then three 1-token ones
     prompt = PromptResult(BenchPrompt("0", "x", "hi"))
     prompt.runs["vanilla"] = MethodRun("vanilla", (1, 2, 3, 4, 5, 6), 2.0, 0.5, 5, ())
-    prompt.runs["eagle"] = MethodRun("eagle", (1, 2, 3, 4, 5, 6), seconds=1.0, ttft_s=0.2,
-                                     rounds=4, accept_lengths=accepted, draft_s=0.4,
-                                     verify_s=0.4, tree_sizes=sizes)  # fmt: skip
+    gained = tuple(drafts + 1 for drafts in accepted)  # acceptance lengths: tokens per round
+    prompt.runs["eagle"] = MethodRun(
+        "eagle", (1, 2, 3, 4, 5, 6), seconds=1.0, ttft_s=0.2, rounds=4,
+        acceptance_lengths=gained, draft_s=0.4, verify_s=0.4, tree_sizes=sizes,
+    )
     result = hand_made()
     costs_json = {"verify_ratio": {"1": 1.0, "8": 2.5}, "draft_step_ratio": 0.1}
     result = BenchResult(result.settings, costs_json, [prompt])
     stats = SpecStats()
     for size, drafts in zip(sizes, accepted, strict=True):
-        stats.add_round(drafts, drafts + 1, size, draft_s=0.1, verify_s=0.1)
+        stats.add_round(drafts + 1, size, draft_s=0.1, verify_s=0.1)
     costs = CostModel({1: 1.0, 8: 2.5}, draft_step_s=0.0)
     reason = explain(stats, costs)
     assert "rarely accepted" in reason and "2 of 4 rounds fell back" in reason
