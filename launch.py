@@ -26,9 +26,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("backend.frontends.serve_cli", "serve a pair with vLLM or SGLang (EAGLE-3 heads)"),
     "serve-api": ("backend.frontends.openai_server", "serve an OpenAI-compatible API on 127.0.0.1"),
     "train-head": ("backend.frontends.train_cli", "train an EAGLE draft head for a target"),
-    "export-head": ("backend.frontends.export_cli", "rewrite a head for vLLM, SGLang, reference code"),
+    "export-head": (
+        "backend.frontends.export_cli",
+        "rewrite a head for vLLM, SGLang, reference code",
+    ),
     "make-demo": ("backend.frontends.demo_cli", "rebuild the bundled demo pair (target + heads)"),
-    "make-demo-target": ("backend.frontends.demo_target_cli", "train the bundled demo target model"),
+    "make-demo-target": (
+        "backend.frontends.demo_target_cli",
+        "train the bundled demo target model",
+    ),
 }
 
 

@@ -316,11 +316,9 @@ def _progress_markdown(title: str, lines: list[str]) -> str:
     return f"**{title}**\n\n" + "\n".join(f"- {line}" for line in lines)
 
 
-def wire_models_tab(
-    tab: ModelsTab, backend: Backend, session: gr.State, header: gr.Markdown
-) -> ModelsController:
-    """Connect the manager's buttons; loading shares the model's concurrency group."""
-    controller = ModelsController(backend)
+def _wire_hub_events(tab: ModelsTab, controller: ModelsController, session: gr.State) -> Any:
+    """Pair choice, memory plan and downloads (the Hub's concurrency group); returns the
+    download event so that a finished download refreshes the plan."""
     selected = tab.pair.change(
         controller.select_pair,
         inputs=[tab.pair],
@@ -371,6 +369,16 @@ def wire_models_tab(
         concurrency_limit=None,
         queue=False,
     )
+    return download
+
+
+def wire_models_tab(
+    tab: ModelsTab, backend: Backend, session: gr.State, header: gr.Markdown
+) -> ModelsController:
+    """Connect the manager's buttons; loading shares the model's concurrency group."""
+    controller = ModelsController(backend)
+    download = _wire_hub_events(tab, controller, session)
+    location = [tab.target, tab.head, tab.dtype, tab.quantization]
     tab.load_button.click(
         controller.load,
         inputs=location,

@@ -203,8 +203,12 @@ class Backend:
                     return
                 pair = self._require_pair()  # the model may have changed while waiting
                 _require_drafter(pair, config.mode)
-                ids = prompt_ids(pair.tokenizer, build_messages(messages, system_prompt), raw=raw,
-                                 prompt_format=pair.prompt_format)  # fmt: skip
+                ids = prompt_ids(
+                    pair.tokenizer,
+                    build_messages(messages, system_prompt),
+                    raw=raw,
+                    prompt_format=pair.prompt_format,
+                )
                 yield from pair.engine.generate(ids, config, cancel, request_id)
         except EagleChatError as err:
             yield GenerationFailed(request_id, err.code, err.message, err.hint)
@@ -237,9 +241,10 @@ class Backend:
                 pair = self._require_pair()
                 _require_drafter(pair, "eagle")
                 ids = prompt_ids(
-                    pair.tokenizer, build_messages(messages, system_prompt),
+                    pair.tokenizer,
+                    build_messages(messages, system_prompt),
                     prompt_format=pair.prompt_format,
-                )  # fmt: skip
+                )
                 lanes = {
                     lane: pair.engine.generate(
                         ids, dataclasses.replace(config, mode=lane), cancel, f"{request_id}-{lane}"
@@ -267,9 +272,10 @@ class Backend:
                     mode="vanilla", max_new_tokens=VANILLA_PROBE_TOKENS, stop_on_eos=False
                 )
                 ids = prompt_ids(
-                    pair.tokenizer, [{"role": "user", "content": "Hello"}],
+                    pair.tokenizer,
+                    [{"role": "user", "content": "Hello"}],
                     prompt_format=pair.prompt_format,
-                )  # fmt: skip
+                )
                 rounds = [
                     event
                     for event in pair.engine.tokens_only().generate(ids, config)
@@ -314,11 +320,13 @@ class Backend:
         decoding of the loaded pair; lanes run one after the other."""
         if self.remote_baseline is None and self.pair is None:
             yield GenerationFailed(
-                request_id, "no_baseline", "nothing to race the remote engine against",
+                request_id,
+                "no_baseline",
+                "nothing to race the remote engine against",
                 "start a server without speculation and pass it as the baseline "
                 "(python launch.py app --remote URL --remote-baseline URL), or add "
                 "--target/--head to race against this machine's vanilla decoding",
-            )  # fmt: skip
+            )
             return
         prompt = build_messages(messages, system_prompt)
         vanilla_config = dataclasses.replace(config, mode="vanilla")
@@ -372,10 +380,13 @@ class Backend:
         if config.prompt_format != "auto":
             return config
         named = next(
-            (p.prompt_format for p in self._known_pairs()
-             if p.target == config.target and p.prompt_format != "auto"),
+            (
+                p.prompt_format
+                for p in self._known_pairs()
+                if p.target == config.target and p.prompt_format != "auto"
+            ),
             None,
-        )  # fmt: skip
+        )
         return config if named is None else dataclasses.replace(config, prompt_format=named)
 
     def _known_pairs(self) -> list[PairSpec]:

@@ -129,9 +129,11 @@ def tiny_tokenizer(directory: Path | None = None) -> PreTrainedTokenizerFast:
     ]
     tokenizer.train_from_iterator(text, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|end|>", pad_token="<|end|>",
+        tokenizer_object=tokenizer,
+        eos_token="<|end|>",
+        pad_token="<|end|>",
         additional_special_tokens=specials[1:],
-    )  # fmt: skip
+    )
     fast.chat_template = CHAT_TEMPLATE
     if directory is not None:
         fast.save_pretrained(directory)

@@ -32,21 +32,43 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, str(ROOT / "launch.py"), *args],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("head_name", ["head1", "head3"])
 def test_json_output_and_identity(saved_pair, head_name) -> None:
     target, head1, head3 = saved_pair
     head = head1 if head_name == "head1" else head3
-    common = ["generate", "--target", str(target), "--head", str(head), "--prompt", "hello world",
-              "--max-new-tokens", "24", "--json"]  # fmt: skip
+    common = [
+        "generate",
+        "--target",
+        str(target),
+        "--head",
+        str(head),
+        "--prompt",
+        "hello world",
+        "--max-new-tokens",
+        "24",
+        "--json",
+    ]
     eagle = cli(*common)
     assert eagle.returncode == 0, eagle.stderr
     data = json.loads(eagle.stdout.strip().splitlines()[-1])
-    for key in ("mode", "text", "token_ids", "new_tokens", "rounds", "acceptance_lengths", "tau",
-                "tokens_per_s"):  # fmt: skip
+    for key in (
+        "mode",
+        "text",
+        "token_ids",
+        "new_tokens",
+        "rounds",
+        "acceptance_lengths",
+        "tau",
+        "tokens_per_s",
+    ):
         assert key in data, key
     assert data["mode"] == "eagle"
     assert data["new_tokens"] == len(data["token_ids"]) <= 24

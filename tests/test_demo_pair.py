@@ -13,8 +13,11 @@ from backend.services.loading import load_pair
 from backend.services.prompting import prompt_ids
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
-PROMPTS = ("Hello! Who are you?", "Write a Python function that adds two numbers.",
-           "Tom has 3 apples and buys 4 more. How many apples does he have?")  # fmt: skip
+PROMPTS = (
+    "Hello! Who are you?",
+    "Write a Python function that adds two numbers.",
+    "Tom has 3 apples and buys 4 more. How many apples does he have?",
+)
 
 
 def summary(pair, prompt: str, mode: str):

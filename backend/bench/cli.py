@@ -30,32 +30,47 @@ from backend.services.loading import load_pair
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, "pair", "target", "head")
     parser.add_argument(
-        "--synthetic", choices=sorted(SHAPES),
+        "--synthetic",
+        choices=sorted(SHAPES),
         help="random-weight Llama target + EAGLE-3 head of this shape (tiny, 1b, 8b): measures "
         "per-round costs where no trained pair of that size is at hand; the speedup is meaningless",
-    )  # fmt: skip
-    parser.add_argument("--prompts", help="FastChat-format JSONL, or a .txt of plain text cut "
-                        "into passages (default: the built-in set)")  # fmt: skip
-    parser.add_argument("--prompt-chars", type=int, default=600,
-                        help="passage length for a .txt prompt file (about 4 characters a token)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--prompts",
+        help="FastChat-format JSONL, or a .txt of plain text cut "
+        "into passages (default: the built-in set)",
+    )
+    parser.add_argument(
+        "--prompt-chars",
+        type=int,
+        default=600,
+        help="passage length for a .txt prompt file (about 4 characters a token)",
+    )
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     bench_defaults = {"max_new_tokens": 128, "depth": 5, "top_k": 4}
     tree_and_model = ("total-tokens", "depth", "top-k", "dtype", "readout")
     add_flags(parser, "max-new-tokens", "temperature", *tree_and_model, defaults=bench_defaults)
     parser.add_argument(
-        "--compare-trees", nargs="+", default=[], metavar="N/D/K",
+        "--compare-trees",
+        nargs="+",
+        default=[],
+        metavar="N/D/K",
         help="also run EAGLE with these fixed trees, in the same interleaved run "
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
-    )  # fmt: skip
+    )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
-        "--repeats", type=int, default=3,
+        "--repeats",
+        type=int,
+        default=3,
         help="runs per prompt and method, interleaved; the median run counts (noise guard)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--seeds", type=int, default=3,
+        "--seeds",
+        type=int,
+        default=3,
         help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
@@ -108,15 +123,19 @@ def _run(
             dtype=dtype,
             prompt_format=prompt_format,  # type: ignore[arg-type]
             readout=args.readout,
-        )  # fmt: skip
+        )
     )
     load_s = time.perf_counter() - started - pair.calibration_s
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
     spec = BenchSpec(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, tree=tree,
-        methods=methods, repeats=args.repeats, seeds=args.seeds,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        tree=tree,
+        methods=methods,
+        repeats=args.repeats,
+        seeds=args.seeds,
         compare_trees=tuple(parse_tree(text) for text in args.compare_trees),
-    )  # fmt: skip
+    )
 
     def progress(index: int, total: int, method: str) -> None:
         print(f"\r[{index + 1}/{total}] {label(method):<32}", end="", file=sys.stderr, flush=True)

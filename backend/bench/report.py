@@ -88,15 +88,22 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
         eagle_like = any(r.acceptance_lengths for r in runs)
         round_time = sum(r.seconds - r.ttft_s for r in runs)
         summaries[method] = MethodSummary(
-            method=method, tokens=tokens, seconds=seconds, tokens_per_s=tps,
+            method=method,
+            tokens=tokens,
+            seconds=seconds,
+            tokens_per_s=tps,
             speedup=tps / base_tps if base_tps else 1.0,
             ttft_s=sum(r.ttft_s for r in runs) / len(runs),
             identical=sum(1 for r, v in zip(runs, vanilla_ids) if r.token_ids == v),
             tau=_tau(runs) if method not in _NO_ROUNDS else None,
             accept_per_depth=acceptance_per_depth([n for r in runs for n in r.acceptance_lengths]),
-            draft_share=sum(r.draft_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
-            verify_share=sum(r.verify_s for r in runs) / round_time if eagle_like and round_time > 0 else None,
-        )  # fmt: skip
+            draft_share=sum(r.draft_s for r in runs) / round_time
+            if eagle_like and round_time > 0
+            else None,
+            verify_share=sum(r.verify_s for r in runs) / round_time
+            if eagle_like and round_time > 0
+            else None,
+        )
     return summaries
 
 
@@ -160,42 +167,54 @@ def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], comman
     lines += _run_facts(result)
     eagle = summaries.get("eagle")
     if eagle is not None:
-        depths = ", ".join(f"d{i + 1}: {p:.2f}" for i, p in enumerate(eagle.accept_per_depth[:8]))
-        lines += [
-            "",
-            f"Acceptance per draft depth (share of rounds accepting at least d drafts): {depths}",
-        ]
-        if eagle.draft_share is not None:
-            other = max(0.0, 1 - eagle.draft_share - eagle.verify_share)
-            lines.append(
-                f"Round time: drafting {100 * eagle.draft_share:.0f}%, verification "
-                f"{100 * eagle.verify_share:.0f}%, bookkeeping {100 * other:.0f}%."
-            )
-        ratios = result.costs.get("verify_ratio")
-        if ratios:
-            shown = ", ".join(
-                f"{n}: {r:.2f}x"
-                for n, r in ratios.items()
-                if n in ("2", "4", "8", "16", "32", "60")
-            )
-            lines.append(f"Verify cost relative to one step, by tree size: {shown}; "
-                         f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
-                         f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain).")  # fmt: skip
-        best = best_fixed_tree(summaries)
-        if best is not None:
-            lines.append(
-                f"EAGLE ({result.settings['tree']}) runs at {eagle.tokens_per_s / best.tokens_per_s:.0%} "
-                f"of the best fixed tree in this run ({label(best.method)}, "
-                f"{best.tokens_per_s:.1f} tok/s)."
-            )
-        shapes = shape_shares(result)
-        if shapes:
-            lines.append("Trees verified by EAGLE (share of rounds): " + ", ".join(
-                f"{name} {share:.0%}" for name, share in shapes[:6]) + ".")  # fmt: skip
-        reason = why_slow(result, eagle)
-        if reason:
-            lines.append(f"Why the speedup is limited: {reason}.")
+        lines += _eagle_facts(result, summaries, eagle)
     return "\n".join(lines) + "\n"
+
+
+def _eagle_facts(
+    result: BenchResult, summaries: dict[str, MethodSummary], eagle: MethodSummary
+) -> list[str]:
+    """Where EAGLE's time went and what it accepted, below the table."""
+    lines: list[str] = []
+    depths = ", ".join(f"d{i + 1}: {p:.2f}" for i, p in enumerate(eagle.accept_per_depth[:8]))
+    lines += [
+        "",
+        f"Acceptance per draft depth (share of rounds accepting at least d drafts): {depths}",
+    ]
+    if eagle.draft_share is not None:
+        other = max(0.0, 1 - eagle.draft_share - eagle.verify_share)
+        lines.append(
+            f"Round time: drafting {100 * eagle.draft_share:.0f}%, verification "
+            f"{100 * eagle.verify_share:.0f}%, bookkeeping {100 * other:.0f}%."
+        )
+    ratios = result.costs.get("verify_ratio")
+    if ratios:
+        shown = ", ".join(
+            f"{n}: {r:.2f}x" for n, r in ratios.items() if n in ("2", "4", "8", "16", "32", "60")
+        )
+        lines.append(
+            f"Verify cost relative to one step, by tree size: {shown}; "
+            f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
+            f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain)."
+        )
+    best = best_fixed_tree(summaries)
+    if best is not None:
+        lines.append(
+            f"EAGLE ({result.settings['tree']}) runs at {eagle.tokens_per_s / best.tokens_per_s:.0%} "
+            f"of the best fixed tree in this run ({label(best.method)}, "
+            f"{best.tokens_per_s:.1f} tok/s)."
+        )
+    shapes = shape_shares(result)
+    if shapes:
+        lines.append(
+            "Trees verified by EAGLE (share of rounds): "
+            + ", ".join(f"{name} {share:.0%}" for name, share in shapes[:6])
+            + "."
+        )
+    reason = why_slow(result, eagle)
+    if reason:
+        lines.append(f"Why the speedup is limited: {reason}.")
+    return lines
 
 
 def _run_facts(result: BenchResult) -> list[str]:
@@ -205,24 +224,36 @@ def _run_facts(result: BenchResult) -> list[str]:
     if len(per_seed) > 1:
         shown = ", ".join(f"{x:.2f}x" for x in per_seed)
         mean = sum(per_seed) / len(per_seed)
-        lines += ["", f"EAGLE speedup per seed ({len(per_seed)} seeds): {shown}; mean {mean:.2f}x "
-                  f"(the table pools all seeds' tokens and seconds)."]  # fmt: skip
+        lines += [
+            "",
+            f"EAGLE speedup per seed ({len(per_seed)} seeds): {shown}; mean {mean:.2f}x "
+            f"(the table pools all seeds' tokens and seconds).",
+        ]
     facts = []
     if "calibration_s" in s:
         calibration = s["calibration_s"]
-        facts.append(f"tree calibration at load {calibration:.1f} s" if calibration
-                     else "tree calibration read from the on-disk cache")  # fmt: skip
+        facts.append(
+            f"tree calibration at load {calibration:.1f} s"
+            if calibration
+            else "tree calibration read from the on-disk cache"
+        )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")
     if s.get("peak_rss_bytes"):
         facts.append(f"peak resident memory {s['peak_rss_bytes'] / 2**30:.2f} GiB")
-    peaks = {
-        m: max(p.runs[m].peak_memory_bytes or 0 for p in result.prompts)
-        for m in result.prompts[0].runs
-    } if result.prompts else {}  # fmt: skip
+    peaks = (
+        {
+            m: max(p.runs[m].peak_memory_bytes or 0 for p in result.prompts)
+            for m in result.prompts[0].runs
+        }
+        if result.prompts
+        else {}
+    )
     if any(peaks.values()):
-        facts.append("device memory peak " + ", ".join(
-            f"{label(m)} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v))  # fmt: skip
+        facts.append(
+            "device memory peak "
+            + ", ".join(f"{label(m)} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v)
+        )
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
     return lines

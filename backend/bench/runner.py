@@ -88,12 +88,17 @@ def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> Me
             summary = event.summary
     assert summary is not None
     return MethodRun(
-        method=config.mode, token_ids=summary.token_ids, seconds=summary.total_s,
-        ttft_s=summary.ttft_s, rounds=summary.rounds,
+        method=config.mode,
+        token_ids=summary.token_ids,
+        seconds=summary.total_s,
+        ttft_s=summary.ttft_s,
+        rounds=summary.rounds,
         acceptance_lengths=summary.acceptance_lengths if config.mode == "eagle" else (),
-        draft_s=summary.draft_s, verify_s=summary.verify_s, tree_sizes=tuple(sizes),
+        draft_s=summary.draft_s,
+        verify_s=summary.verify_s,
+        tree_sizes=tuple(sizes),
         tree_shapes=summary.tree_shapes if config.mode == "eagle" else (),
-    )  # fmt: skip
+    )
 
 
 def run_prompt_lookup(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
@@ -119,10 +124,13 @@ def _hf_generate(
     start = time.perf_counter()
     with torch.inference_mode():
         output = model.generate(
-            inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=config.max_new_tokens,
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=config.max_new_tokens,
             eos_token_id=list(pair.engine.eos_ids) or None,
-            pad_token_id=pair.engine.eos_ids[0] if pair.engine.eos_ids else 0, **kwargs,
-        )  # fmt: skip
+            pad_token_id=pair.engine.eos_ids[0] if pair.engine.eos_ids else 0,
+            **kwargs,
+        )
     seconds = time.perf_counter() - start
     new = tuple(output[0, len(ids) :].tolist())
     return MethodRun(method, new, seconds, ttft_s=0.0, rounds=0, acceptance_lengths=())
@@ -207,24 +215,33 @@ def run_bench(
                         progress(seed * len(prompts) + index, seeds * len(prompts), method)
                     config = GenerationConfig(
                         mode="eagle" if method.startswith("eagle") else "vanilla",
-                        sampling=sampling, max_new_tokens=spec.max_new_tokens,
+                        sampling=sampling,
+                        max_new_tokens=spec.max_new_tokens,
                         tree=spec.tree_for(method),
-                    )  # fmt: skip
+                    )
                     runs[method].append(_measured(method, pair, ids, config))
             result.runs = {method: median_run(done) for method, done in runs.items()}
             results.append(result)
     settings = {
-        "target": pair.target_path, "head": pair.head_path, "head_kind": pair.info.head_kind,
-        "device": str(pair.engine.runner.device), "dtype": pair.info.dtype,
+        "target": pair.target_path,
+        "head": pair.head_path,
+        "head_kind": pair.info.head_kind,
+        "device": str(pair.engine.runner.device),
+        "dtype": pair.info.dtype,
         "machine": machine_description(pair.engine.runner.device),
-        "temperature": spec.temperature, "max_new_tokens": spec.max_new_tokens,
-        "tree": spec.describe_tree(), "seeds": seeds,
-        "num_prompts": len(prompts), "repeats": max(1, spec.repeats), "torch": torch.__version__,
+        "temperature": spec.temperature,
+        "max_new_tokens": spec.max_new_tokens,
+        "tree": spec.describe_tree(),
+        "seeds": seeds,
+        "num_prompts": len(prompts),
+        "repeats": max(1, spec.repeats),
+        "torch": torch.__version__,
         "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
         "prompt_tokens_min": min(map(len, encoded), default=0),
-        "calibration_s": round(pair.calibration_s, 2), "peak_rss_bytes": peak_rss_bytes(),
+        "calibration_s": round(pair.calibration_s, 2),
+        "peak_rss_bytes": peak_rss_bytes(),
         "readout": "rows-first" if pair.fast_readout else "stock",
-    }  # fmt: skip
+    }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
 
 

@@ -29,13 +29,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 # Llama-family shapes: tiny (tests, CPU), Llama-3.2-1B and Llama-3.1-8B.
 SHAPES: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=4096),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
-}  # fmt: skip
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=4096,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
+}
 DRAFT_VOCAB = 32000  # EAGLE-3 heads for Llama 3 draft over 32k of the 128k tokens
 
 
@@ -45,9 +63,14 @@ def synthetic_config(shape: str):
     if shape not in SHAPES:
         raise ValueError(f"unknown synthetic shape {shape!r}; choose from {', '.join(SHAPES)}")
     return LlamaConfig(
-        **SHAPES[shape], max_position_embeddings=4096, rope_theta=500000.0,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-    )  # fmt: skip
+        **SHAPES[shape],
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
 
 
 @torch.no_grad()

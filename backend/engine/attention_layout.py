@@ -30,8 +30,15 @@ RECURRENT_MODEL_TYPES = frozenset(
     "recurrent_gemma rwkv xlstm lfm2 lfm2_moe qwen3_next minimax kimi_linear".split()
 )
 # Config keys that only recurrent or hybrid-recurrent models have.
-_RECURRENT_KEYS = ("layers_block_type", "hybrid_override_pattern", "mamba_d_state", "ssm_cfg",
-                   "attn_layer_indices", "block_types", "linear_num_key_heads")  # fmt: skip
+_RECURRENT_KEYS = (
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "mamba_d_state",
+    "ssm_cfg",
+    "attn_layer_indices",
+    "block_types",
+    "linear_num_key_heads",
+)
 
 
 class UnsupportedTargetError(IncompatibleHeadError):

@@ -32,11 +32,26 @@ from backend.engine.verify import Acceptance
 LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=n, depth=d, top_k=k)
     for n, d, k in (
-        (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1), (6, 5, 1), (7, 6, 1), (6, 3, 2), (8, 4, 2),
-        (10, 5, 2), (12, 5, 3), (16, 5, 4), (16, 5, 10), (16, 6, 3), (24, 6, 4), (32, 6, 6),
-        (32, 6, 8), (48, 7, 8), (60, 7, 10),
+        (2, 1, 1),
+        (3, 2, 1),
+        (4, 3, 1),
+        (5, 4, 1),
+        (6, 5, 1),
+        (7, 6, 1),
+        (6, 3, 2),
+        (8, 4, 2),
+        (10, 5, 2),
+        (12, 5, 3),
+        (16, 5, 4),
+        (16, 5, 10),
+        (16, 6, 3),
+        (24, 6, 4),
+        (32, 6, 6),
+        (32, 6, 8),
+        (48, 7, 8),
+        (60, 7, 10),
     )
-)  # fmt: skip
+)
 # Sampled drafts (temperature > 0) are drawn as chains (drafter.py). A second chain beside the
 # first mostly re-draws what the first covered; on the CPU demo pair it measured slower at the
 # same acceptance (numbers in the README, "Tree auto-tuning"), so the policy chooses among chains.
@@ -382,8 +397,10 @@ class TreePolicy:
         for shape, drafts in replayed.items():
             tokens, ref_sum, weight = self.measured.get(shape, (0.0, 0.0, 0.0))
             self.measured[shape] = (
-                fade * tokens + 1.0 + drafts, fade * ref_sum + reference, fade * weight + 1.0
-            )  # fmt: skip
+                fade * tokens + 1.0 + drafts,
+                fade * ref_sum + reference,
+                fade * weight + 1.0,
+            )
         self.reference_tokens += EMA * (reference - self.reference_tokens)
         if outcomes is None:
             outcomes = [(0, 1)] * min(accepted, tree.depth)

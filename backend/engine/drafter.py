@@ -5,7 +5,7 @@ Contract (fixed for every drafting strategy, so the loop never grows flags):
     propose(root_token, tree_config[, sampling, generator]) -> DraftTree   before each verification
     commit(new_tokens, accepted_features)              after each verification
 
-Position convention (eagle.md §2): the head's sequence is the target's shifted by one. Head
+Position convention: the head's sequence is the target's shifted by one. Head
 position t takes (feature of target position t, token t+1) and predicts the feature of t+1.
 So after ``commit`` the head cache holds exactly as many entries as the target cache, and its
 last output (``_root_hidden``) predicts the children of the root token.

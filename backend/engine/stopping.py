@@ -1,6 +1,5 @@
 """Exact stopping: a round may yield several tokens, so EOS, turn markers, stop strings and the
-token budget are applied to each round's tokens and the output is truncated, never overshooting
-(eagle.md §8).
+token budget are applied to each round's tokens and the output is truncated, never overshooting.
 
 Three kinds of stop, collected once per loaded pair (``StopSpec``):
 - EOS ids (the tokenizer's and every id of the generation config): the EOS token ends the reply

@@ -1,4 +1,4 @@
-"""The draft tree and everything derived from its shape (eagle.md §4).
+"""The draft tree and everything derived from its shape.
 
 Node 0 is the root: the last accepted ("bonus") token, not yet in the target's cache. Nodes are
 ordered so that a parent always precedes its children; a node's position id is
@@ -14,12 +14,32 @@ import torch
 # EAGLE-1's static tree: 25 drafted nodes + root, depth 5, widths 4/8/8/3/2. Each path lists
 # the top-k rank chosen at every level below the root.
 EAGLE1_STATIC_PATHS: tuple[tuple[int, ...], ...] = (
-    (0,), (1,), (2,), (3,),
-    (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (2, 0), (3, 0),
-    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (0, 2, 0), (2, 0, 0),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0),
-    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
-)  # fmt: skip
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (0, 3),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (1, 0, 0),
+    (0, 2, 0),
+    (2, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 1, 0),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
+)
 
 
 @dataclass(frozen=True, slots=True)

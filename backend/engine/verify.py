@@ -1,4 +1,4 @@
-"""Acceptance of a draft tree against the target's logits (eagle.md §5). Pure functions: no
+"""Acceptance of a draft tree against the target's logits. Pure functions: no
 model, no cache.
 
 Paper symbols: p = the target's processed distribution at a node (what vanilla decoding would

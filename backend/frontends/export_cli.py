@@ -33,12 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", required=True, help="head folder (config.json + weights)")
     parser.add_argument("--out", required=True, help="output folder (may equal --head)")
     parser.add_argument("--target", default=None, help="local target folder the head drafts for")
-    parser.add_argument("--fold-fc-bias", action="store_true",
-                        help="EAGLE-1/2: fold the fc bias into a head-owned embedding (vLLM)")  # fmt: skip
-    parser.add_argument("--with-embedding", action="store_true",
-                        help="save the target's embedding in the head")  # fmt: skip
-    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
-                        help="cast the weights (default: keep the head's dtype)")  # fmt: skip
+    parser.add_argument(
+        "--fold-fc-bias",
+        action="store_true",
+        help="EAGLE-1/2: fold the fc bias into a head-owned embedding (vLLM)",
+    )
+    parser.add_argument(
+        "--with-embedding", action="store_true", help="save the target's embedding in the head"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=list(DTYPES),
+        help="cast the weights (default: keep the head's dtype)",
+    )
 
 
 def export(args: argparse.Namespace) -> Path:
@@ -51,7 +59,9 @@ def export(args: argparse.Namespace) -> Path:
         if head.config.eagle_aux_hidden_state_layer_ids is None:
             layers = json.loads((Path(args.target) / "config.json").read_text())
             num_layers = layers.get("text_config", layers)["num_hidden_layers"]
-            head.config.eagle_aux_hidden_state_layer_ids = list(default_eagle3_layer_ids(num_layers))
+            head.config.eagle_aux_hidden_state_layer_ids = list(
+                default_eagle3_layer_ids(num_layers)
+            )
     embedding = read_target_embedding(args.target) if needs_target else None
     if args.fold_fc_bias:
         head = fold_fc_bias(head, embedding)

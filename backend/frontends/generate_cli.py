@@ -62,10 +62,14 @@ def load_config_from(args: argparse.Namespace) -> LoadConfig:
     if not target:
         raise ConfigError("no target model", hint="give --pair NAME or --target PATH")
     return LoadConfig(
-        target=target, head=head, dtype=dtype, quantization=args.quantize,
-        device_map=args.device_map, trust_remote_code=args.trust_remote_code,
+        target=target,
+        head=head,
+        dtype=dtype,
+        quantization=args.quantize,
+        device_map=args.device_map,
+        trust_remote_code=args.trust_remote_code,
         gguf_file=args.gguf_file,
-    )  # fmt: skip
+    )
 
 
 def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
@@ -97,11 +101,17 @@ def run(args: argparse.Namespace) -> int:
     backend = Backend()
     info = backend.load_blocking(load).info
     if info.prompt_format == "plain completion" and not args.json:
-        print(f"note: {info.target} has no chat template: plain completion (the prompt text is "
-              "continued as it is)", file=sys.stderr)  # fmt: skip
+        print(
+            f"note: {info.target} has no chat template: plain completion (the prompt text is "
+            "continued as it is)",
+            file=sys.stderr,
+        )
     elif info.prompt_format != "chat template" and not args.json:
-        print(f"note: {info.target} has no chat template: prompt format {info.prompt_format}, "
-              "as its head was trained", file=sys.stderr)  # fmt: skip
+        print(
+            f"note: {info.target} has no chat template: prompt format {info.prompt_format}, "
+            "as its head was trained",
+            file=sys.stderr,
+        )
     messages = [{"role": "user", "content": args.prompt}]
     summary = None
     for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):

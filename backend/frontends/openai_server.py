@@ -269,9 +269,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, _error_body("not_found", f"no route {self.path}"))
             return
         info = self.backend.status().loaded
-        data = [] if info is None else [
-            {"id": model_id(info), "object": "model", "created": 0, "owned_by": "eaglechat"}
-        ]  # fmt: skip
+        data = (
+            []
+            if info is None
+            else [{"id": model_id(info), "object": "model", "created": 0, "owned_by": "eaglechat"}]
+        )
         self._json(200, {"object": "list", "data": data})
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib name)
@@ -323,19 +325,24 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if isinstance(event, Finished):
                 summary = event.summary
-                self._json(200, {
-                    "id": f"chatcmpl-{event.request_id}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": model_id(info),
-                    "choices": [{
-                        "index": 0,
-                        "message": {"role": "assistant", "content": summary.text},
-                        "finish_reason": _FINISH.get(summary.stop_reason, "stop"),
-                    }],
-                    "usage": _usage(summary, prompt_tokens),
-                    "eaglechat": stats(summary, mode),
-                })  # fmt: skip
+                self._json(
+                    200,
+                    {
+                        "id": f"chatcmpl-{event.request_id}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": model_id(info),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": summary.text},
+                                "finish_reason": _FINISH.get(summary.stop_reason, "stop"),
+                            }
+                        ],
+                        "usage": _usage(summary, prompt_tokens),
+                        "eaglechat": stats(summary, mode),
+                    },
+                )
                 return
         self._json(500, _error_body("internal", "the generation ended without a result"))
 
@@ -366,15 +373,22 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(event, RoundCompleted):
                 text = "".join(span.text for span in event.spans)
                 streamed += text
-                round_stats = {"round": event.round_index, "accepted_drafts": event.num_accepted_drafts,
-                               "tokens": len(event.token_ids)}  # fmt: skip
+                round_stats = {
+                    "round": event.round_index,
+                    "accepted_drafts": event.num_accepted_drafts,
+                    "tokens": len(event.token_ids),
+                }
                 chunk({"content": text}, eaglechat=round_stats)
             elif isinstance(event, Finished):
                 summary = event.summary
                 # bytes the detokenizer held back (an unfinished character) end the reply
                 rest = summary.text[len(streamed) :] if summary.text.startswith(streamed) else ""
-                chunk({"content": rest} if rest else {}, _FINISH.get(summary.stop_reason, "stop"),
-                      usage=_usage(summary, prompt_tokens), eaglechat=stats(summary, mode))  # fmt: skip
+                chunk(
+                    {"content": rest} if rest else {},
+                    _FINISH.get(summary.stop_reason, "stop"),
+                    usage=_usage(summary, prompt_tokens),
+                    eaglechat=stats(summary, mode),
+                )
             elif isinstance(event, GenerationFailed):
                 self._sse(_error_body(event.code, event.message, event.hint))
         self.wfile.write(b"data: [DONE]\n\n")

@@ -48,13 +48,23 @@ def spec_from_args(args: argparse.Namespace) -> ServeSpec:
         top_k=args.top_k or tree.top_k,
     )
     return ServeSpec(
-        engine=args.engine, target=target, head=head, head_kind=kind, tree=tree,
-        dtype=args.dtype or dtype, tensor_parallel_size=args.tensor_parallel_size,
-        draft_tensor_parallel_size=args.draft_tensor_parallel_size, host=args.host,
-        port=args.port, max_model_len=args.max_model_len, cpu=args.cpu, nnodes=args.nnodes,
-        node_rank=args.node_rank, dist_init_addr=args.dist_init_addr,
+        engine=args.engine,
+        target=target,
+        head=head,
+        head_kind=kind,
+        tree=tree,
+        dtype=args.dtype or dtype,
+        tensor_parallel_size=args.tensor_parallel_size,
+        draft_tensor_parallel_size=args.draft_tensor_parallel_size,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len,
+        cpu=args.cpu,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        dist_init_addr=args.dist_init_addr,
         python=args.python or sys.executable,
-    )  # fmt: skip
+    )
 
 
 def _shown_path(location: str) -> str:

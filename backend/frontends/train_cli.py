@@ -59,15 +59,23 @@ REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True,
-                        help="local directory of the target model, or its .gguf file")  # fmt: skip
+    parser.add_argument(
+        "--target", required=True, help="local directory of the target model, or its .gguf file"
+    )
     add_flags(parser, "gguf-file")
-    parser.add_argument("--data", required=True, nargs="+",
-                        help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)")  # fmt: skip
-    parser.add_argument("--text", action="store_true",
-                        help="the data is plain text to continue (base models): every token "
-                        "is trained, held-out prompts are the first --eval-prompt-tokens of "
-                        "held-out pieces")  # fmt: skip
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)",
+    )
+    parser.add_argument(
+        "--text",
+        action="store_true",
+        help="the data is plain text to continue (base models): every token "
+        "is trained, held-out prompts are the first --eval-prompt-tokens of "
+        "held-out pieces",
+    )
     parser.add_argument("--eval-prompt-tokens", type=int, default=64)
     parser.add_argument("--kind", required=True, choices=[k.value for k in HeadKind])
     parser.add_argument("--out", required=True, help="output directory of the head")
@@ -77,21 +85,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--warmup-steps", type=int, default=None)
-    parser.add_argument("--regenerate", action="store_true",
-                        help="replace the replies by the target's own (recommended)")  # fmt: skip
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="replace the replies by the target's own (recommended)",
+    )
     parser.add_argument("--regen-max-new-tokens", type=int, default=256)
     parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--draft-vocab-size", type=int, default=None,
-                        help="EAGLE-3 reduced draft vocabulary (e.g. 32000)")  # fmt: skip
+    parser.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="EAGLE-3 reduced draft vocabulary (e.g. 32000)",
+    )
     parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time test")
-    parser.add_argument("--draft-readout-only", action="store_true",
-                        help="EAGLE-3: compute the target's logits on the draft vocabulary only "
-                        "(much faster for large vocabularies)")  # fmt: skip
+    parser.add_argument(
+        "--draft-readout-only",
+        action="store_true",
+        help="EAGLE-3: compute the target's logits on the draft vocabulary only "
+        "(much faster for large vocabularies)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=0, help="0 = evaluate at the end")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--eval-prompts", type=int, default=8,
-                        help="held-out prompts for the tau evaluation (0 = none)")  # fmt: skip
+    parser.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=8,
+        help="held-out prompts for the tau evaluation (0 = none)",
+    )
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)
     add_flags(parser, "dtype")
     parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
@@ -136,17 +158,25 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
     logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
     config = TrainConfig(
-        kind=args.kind, out_dir=args.out, steps=args.steps, epochs=args.epochs, lr=args.lr,
-        batch_size=args.batch_size, warmup_steps=args.warmup_steps,
-        draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps,
+        kind=args.kind,
+        out_dir=args.out,
+        steps=args.steps,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        warmup_steps=args.warmup_steps,
+        draft_vocab_size=args.draft_vocab_size,
+        ttt_steps=args.ttt_steps,
         draft_readout_only=args.draft_readout_only,
-        max_length=args.max_length, checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every, seed=args.seed, resume=args.resume,
-    )  # fmt: skip
+        max_length=args.max_length,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        resume=args.resume,
+    )
     if args.text:
         prompts = [
-            tokenize_conversation(tokenizer, c, args.eval_prompt_tokens).input_ids
-            for c in held_out
+            tokenize_conversation(tokenizer, c, args.eval_prompt_tokens).input_ids for c in held_out
         ]
     else:
         prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
@@ -177,9 +207,12 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
     )
     with tqdm(total=len(conversations), desc="regenerate replies", unit="conv") as bar:
         regenerated = regenerate_replies(
-            model, tokenizer, conversations, options,
+            model,
+            tokenizer,
+            conversations,
+            options,
             progress=lambda done, total: bar.update(done - bar.n),
-        )  # fmt: skip
+        )
     cache.parent.mkdir(parents=True, exist_ok=True)
     lines = (json.dumps({"messages": c}, ensure_ascii=False) for c in regenerated)
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -192,8 +225,10 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
 
     path = source.directory
     if not Path(path).is_dir():
-        raise ConfigError(f"target {path} is not a local directory",
-                          hint="download it first: python launch.py download <repo>")  # fmt: skip
+        raise ConfigError(
+            f"target {path} is not a local directory",
+            hint="download it first: python launch.py download <repo>",
+        )
     torch_dtype = resolve_dtype(dtype, device)
     check_safetensors_folder(path)
     try:

@@ -122,12 +122,17 @@ def engine_args(spec: ServeSpec) -> list[str]:
             args += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank)]
             args += ["--dist-init-addr", str(spec.dist_init_addr)]
         args += [
-            "--speculative-algorithm", algorithm,
-            "--speculative-draft-model-path", spec.head,
-            "--speculative-num-steps", str(spec.tree.depth),
-            "--speculative-eagle-topk", str(spec.tree.top_k),
-            "--speculative-num-draft-tokens", str(spec.tree.total_tokens),
-        ]  # fmt: skip
+            "--speculative-algorithm",
+            algorithm,
+            "--speculative-draft-model-path",
+            spec.head,
+            "--speculative-num-steps",
+            str(spec.tree.depth),
+            "--speculative-eagle-topk",
+            str(spec.tree.top_k),
+            "--speculative-num-draft-tokens",
+            str(spec.tree.total_tokens),
+        ]
     return [*args, "--host", spec.host, "--port", str(spec.served_port)]
 
 

@@ -113,13 +113,8 @@ def prepare(
     return PreparedLoad(config, target_path, head_path, target_config, head)
 
 
-def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
-    """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    config = prepared.config
-    device = choose_device()
-    dtype = resolve_dtype(config.dtype, device)
+def _pretrained_kwargs(config: LoadConfig, dtype: torch.dtype, device: torch.device) -> dict:
+    """``from_pretrained`` arguments: dtype, quantization and where the weights go."""
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
     quant = quantization_config(config.quantization, dtype)
     if quant is not None:
@@ -128,6 +123,18 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         kwargs["device_map"] = config.device_map
     elif quant is not None or device.type != "cpu":
         kwargs["device_map"] = {"": str(device)}
+    return kwargs
+
+
+def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
+    """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = prepared.config
+    device = choose_device()
+    dtype = resolve_dtype(config.dtype, device)
+    kwargs = _pretrained_kwargs(config, dtype, device)
+    quant = kwargs.get("quantization_config")
 
     source = local_source(prepared.target_path)
     kwargs.update(source.pretrained_kwargs())
@@ -139,9 +146,10 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         what = f"GGUF weights, dequantized to {dtype_name}"
     with _load_errors(config, prepared.target_path):
         tokenizer = AutoTokenizer.from_pretrained(
-            source.directory, trust_remote_code=config.trust_remote_code,
+            source.directory,
+            trust_remote_code=config.trust_remote_code,
             **source.pretrained_kwargs(),
-        )  # fmt: skip
+        )
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
@@ -166,10 +174,17 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     logger.info("loaded %s", info)
     engine = Engine(runner, drafter, tokenizer, stops, costs)
     return LoadedPair(
-        model=model, tokenizer=tokenizer, head=head, engine=engine,
-        target_path=prepared.target_path, head_path=prepared.head_path, info=info,
-        prompt_format=prompt_format, calibration_s=calibration_s, fast_readout=fast_readout,
-    )  # fmt: skip
+        model=model,
+        tokenizer=tokenizer,
+        head=head,
+        engine=engine,
+        target_path=prepared.target_path,
+        head_path=prepared.head_path,
+        info=info,
+        prompt_format=prompt_format,
+        calibration_s=calibration_s,
+        fast_readout=fast_readout,
+    )
 
 
 def pair_info(
@@ -229,9 +244,13 @@ def calibrate_pair(
     if drafter is None:
         return None, 0.0
     key = calibration_cache.calibration_key(
-        prepared.target_path, prepared.head_path, runner.device, dtype_name,
-        prepared.config.quantization, uses_rows_first(runner.model),
-    )  # fmt: skip
+        prepared.target_path,
+        prepared.head_path,
+        runner.device,
+        dtype_name,
+        prepared.config.quantization,
+        uses_rows_first(runner.model),
+    )
     costs = calibration_cache.load_costs(key)
     if costs is not None:
         yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
@@ -276,8 +295,10 @@ def _load_errors(config: LoadConfig, path: str) -> Iterator[None]:
         raise
     except ImportError as err:
         if "gguf" in str(err).lower():
-            raise ConfigError(f"cannot read the GGUF target {path}: {err}",
-                              hint="pip install gguf (or pip install -e .[gemma])") from err  # fmt: skip
+            raise ConfigError(
+                f"cannot read the GGUF target {path}: {err}",
+                hint="pip install gguf (or pip install -e .[gemma])",
+            ) from err
         raise ConfigError(
             f"quantization {config.quantization} is not available: {err}",
             hint="install bitsandbytes, or load without quantization",

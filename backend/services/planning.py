@@ -162,8 +162,9 @@ def _side(name: str, kind: hub.RepoKind, gguf_file: str | None = None) -> _Side:
     weights = sum(f.size for f in plan.files if f.filename.endswith(_WEIGHT_SUFFIXES))
     size = RepoSize(name, "hub", plan.total_bytes, plan.cached_bytes, plan.gated, plan.from_cache)
     folder = Path(plan.local_path)
-    return _Side(size, folder / gguf_file if gguf_file else folder, plan.bytes_to_download == 0,
-                 weights)  # fmt: skip
+    return _Side(
+        size, folder / gguf_file if gguf_file else folder, plan.bytes_to_download == 0, weights
+    )
 
 
 def _local_side(folder: str, name: str) -> _Side:

@@ -114,11 +114,18 @@ class RemoteEngine:
 
     def info(self) -> PairInfo:
         return PairInfo(
-            target=self.model, head=None, head_kind=None,
+            target=self.model,
+            head=None,
+            head_kind=None,
             architecture="vLLM" if self.vllm else "OpenAI-compatible server",
-            dtype="(server's)", device=self.url, quantization="none", parameters=0,
-            vocab_size=0, max_context=0, remote=self.url,
-        )  # fmt: skip
+            dtype="(server's)",
+            device=self.url,
+            quantization="none",
+            parameters=0,
+            vocab_size=0,
+            max_context=0,
+            remote=self.url,
+        )
 
     def _metrics_text(self) -> str | None:
         """The Prometheus text of ``/metrics``; None when the endpoint is missing."""
@@ -166,9 +173,10 @@ class RemoteEngine:
     ) -> Generator[RoundCompleted, None, _Reply]:
         body = self._request_body(messages, config)
         request = urllib.request.Request(
-            f"{self.url}/v1/chat/completions", data=json.dumps(body).encode(),
+            f"{self.url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         reply = _Reply(started=time.perf_counter())
         try:
             with urllib.request.urlopen(request, timeout=REPLY_TIMEOUT_S) as response:
@@ -194,11 +202,14 @@ class RemoteEngine:
         self, messages: Sequence[dict[str, str]], config: GenerationConfig
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model, "messages": list(messages), "stream": True,
+            "model": self.model,
+            "messages": list(messages),
+            "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": config.max_new_tokens,
-            "temperature": config.sampling.temperature, "top_p": config.sampling.top_p,
-        }  # fmt: skip
+            "temperature": config.sampling.temperature,
+            "top_p": config.sampling.top_p,
+        }
         if self.vllm:
             body["return_token_ids"] = True  # vLLM's extension: token ids in each chunk
         return body
@@ -251,11 +262,18 @@ class _Reply:
             self.ttft_s = now
         self.text, self.token_ids = self.text + piece, self.token_ids + ids
         event = RoundCompleted(
-            request_id=request_id, round_index=self.chunks, token_ids=ids,
-            spans=(TextSpan(piece, "target"),) if piece else (), num_accepted_drafts=0,
-            tree_size=0, draft_s=0.0, verify_s=now - self.last_s, bookkeeping_s=0.0,
-            elapsed_s=now, rounds_known=False,
-        )  # fmt: skip
+            request_id=request_id,
+            round_index=self.chunks,
+            token_ids=ids,
+            spans=(TextSpan(piece, "target"),) if piece else (),
+            num_accepted_drafts=0,
+            tree_size=0,
+            draft_s=0.0,
+            verify_s=now - self.last_s,
+            bookkeeping_s=0.0,
+            elapsed_s=now,
+            rounds_known=False,
+        )
         self.chunks, self.last_s = self.chunks + 1, now
         return event
 
@@ -266,13 +284,21 @@ class _Reply:
         tau = average_acceptance_length(rounds + metrics.accepted_tokens, rounds) if rounds else 1.0
         stop = STOP_REASONS.get(self.finish_reason, "eos")
         return GenerationSummary(
-            new_tokens=tokens, rounds=rounds, tau=tau,
-            acceptance_lengths=(), accept_per_depth=metrics.accepted_per_position,
-            tokens_per_s=tokens / total if total > 0 else 0.0, ttft_s=self.ttft_s,
-            total_s=total, draft_s=0.0, verify_s=0.0, stop_reason=stop,  # type: ignore[arg-type]
-            text=self.text, token_ids=self.token_ids,
+            new_tokens=tokens,
+            rounds=rounds,
+            tau=tau,
+            acceptance_lengths=(),
+            accept_per_depth=metrics.accepted_per_position,
+            tokens_per_s=tokens / total if total > 0 else 0.0,
+            ttft_s=self.ttft_s,
+            total_s=total,
+            draft_s=0.0,
+            verify_s=0.0,
+            stop_reason=stop,  # type: ignore[arg-type]
+            text=self.text,
+            token_ids=self.token_ids,
             hint="" if metrics.status == "ok" else metrics.message,
-        )  # fmt: skip
+        )
 
 
 def engine_metrics(
@@ -292,7 +318,12 @@ def engine_metrics(
     rate = delta.accepted_tokens / delta.draft_tokens if delta.draft_tokens else None
     message = "" if drafts else "no draft rounds ran during this reply"
     return EngineMetrics(
-        request_id=request_id, status="ok", message=message, drafts=drafts,
-        draft_tokens=int(delta.draft_tokens), accepted_tokens=int(delta.accepted_tokens),
-        acceptance_rate=rate, accepted_per_position=positions,
-    )  # fmt: skip
+        request_id=request_id,
+        status="ok",
+        message=message,
+        drafts=drafts,
+        draft_tokens=int(delta.draft_tokens),
+        accepted_tokens=int(delta.accepted_tokens),
+        acceptance_rate=rate,
+        accepted_per_position=positions,
+    )

@@ -29,8 +29,10 @@ def read_target_config(path: str, trust_remote_code: bool = False) -> Any:
             source.directory, trust_remote_code=trust_remote_code, **source.pretrained_kwargs()
         )
     except ImportError as err:  # GGUF reading needs the gguf package
-        raise ConfigError(f"cannot read {source.display}: {err}",
-                          hint="pip install gguf (or pip install -e .[gemma])") from err  # fmt: skip
+        raise ConfigError(
+            f"cannot read {source.display}: {err}",
+            hint="pip install gguf (or pip install -e .[gemma])",
+        ) from err
     except (OSError, ValueError, KeyError) as err:
         what = "GGUF file" if source.is_gguf else "config.json in"
         raise ConfigError(

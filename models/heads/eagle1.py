@@ -1,4 +1,4 @@
-"""EAGLE-1/2 draft head (eagle.md §2): fc over [token embedding; target feature] followed by one
+"""EAGLE-1/2 draft head: fc over [token embedding; target feature] followed by one
 Llama decoder layer without input norm; logits come from the target's own lm_head.
 
 The feature is the target's final normed hidden state, so the head predicts the next one and

@@ -1,4 +1,4 @@
-"""EAGLE-3 draft head (eagle.md §3): fuses the inputs of target layers 2, L//2 and L-3 through
+"""EAGLE-3 draft head: fuses the inputs of target layers 2, L//2 and L-3 through
 ``fc`` (3*Ht -> H), runs one ``midlayer`` whose attention reads
 concat(input_layernorm(embedding), hidden_norm(hidden)), and predicts over its own (possibly
 reduced) draft vocabulary mapped back to target ids through ``d2t``.

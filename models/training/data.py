@@ -42,10 +42,16 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-    "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
     "system": "system",
-}  # fmt: skip
+}
 _PROMPT_KEYS = ("prompt", "instruction", "text", "question")
 _REPLY_KEYS = ("output", "response", "completion", "answer")
 
@@ -109,8 +115,14 @@ def load_documents(path: str | Path, max_chars: int) -> list[Conversation]:
     else:
         texts = []
         for record in _json_records(raw, path) if raw.lstrip()[:1] in "[{" else []:
-            text = next((record[k] for k in _TEXT_KEYS if isinstance(record, dict)
-                         and isinstance(record.get(k), str)), None)  # fmt: skip
+            text = next(
+                (
+                    record[k]
+                    for k in _TEXT_KEYS
+                    if isinstance(record, dict) and isinstance(record.get(k), str)
+                ),
+                None,
+            )
             if text is None:
                 text = "\n".join(m["content"] for m in record_to_conversation(record))
             texts.append(text)
@@ -263,8 +275,12 @@ def _tokenize_plain(
     """Plain completion: the joined text tokenised once WITH the tokenizer's special tokens (a
     base model such as Gemma needs its BOS), which never carry loss."""
     text = "".join(p for p, _ in pieces)
-    encoded = tokenizer(text, add_special_tokens=True, return_special_tokens_mask=True,
-                        return_offsets_mapping=bool(getattr(tokenizer, "is_fast", False)))  # fmt: skip
+    encoded = tokenizer(
+        text,
+        add_special_tokens=True,
+        return_special_tokens_mask=True,
+        return_offsets_mapping=bool(getattr(tokenizer, "is_fast", False)),
+    )
     ids = list(encoded["input_ids"])
     special = list(encoded["special_tokens_mask"])
     if "offset_mapping" in encoded:

@@ -1,4 +1,4 @@
-"""Reduced EAGLE-3 draft vocabulary (eagle.md §3): the Vd target tokens the head predicts most.
+"""Reduced EAGLE-3 draft vocabulary: the Vd target tokens the head predicts most.
 
 A head over Vd << V rows has a much cheaper lm_head; tokens outside the draft vocabulary can
 still be accepted as the target's bonus token, just never drafted. The draft vocabulary is the

@@ -1,4 +1,4 @@
-"""Draft-head losses (eagle.md §2-§3) on one batch of precomputed target outputs.
+"""Draft-head losses on one batch of precomputed target outputs.
 
 Indexing: a head position p pairs the target feature of position p with token p+1 and predicts
 the feature of position p+1, whose distribution is the target's for token p+2 (the target's

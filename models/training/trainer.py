@@ -91,8 +91,12 @@ class TrainConfig:
         except ValueError as err:
             raise ConfigError(f"head kind must be eagle1 or eagle3, got {self.kind!r}") from err
         self.out_dir = Path(self.out_dir)
-        positive = {"batch_size": self.batch_size, "lr": self.lr, "ttt_steps": self.ttt_steps,
-                    "max_length": self.max_length}  # fmt: skip
+        positive = {
+            "batch_size": self.batch_size,
+            "lr": self.lr,
+            "ttt_steps": self.ttt_steps,
+            "max_length": self.max_length,
+        }
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
@@ -146,9 +150,11 @@ def build_head_for_target(
     vocab_size = target.get_output_embeddings().weight.shape[0]
     reduced = config.draft_vocab_size if config.draft_vocab_size not in (None, vocab_size) else None
     head_config = head_config_for_target(
-        target.config, config.kind, draft_vocab_size=reduced,
+        target.config,
+        config.kind,
+        draft_vocab_size=reduced,
         intermediate_size=config.intermediate_size,
-    )  # fmt: skip
+    )
     with torch.random.fork_rng(devices=[]):  # a seeded init without touching the caller's RNG
         torch.manual_seed(config.seed)
         head = head_class(config.kind)(head_config)
@@ -160,8 +166,11 @@ def build_head_for_target(
         install_draft_vocab(head, vocab)
         target_ids = vocab.target_ids
         covered = counts[target_ids].sum() / counts.sum().clamp(min=1)
-        logger.info("draft vocabulary: %d tokens cover %.1f%% of assistant tokens",
-                    vocab.size, 100 * float(covered))  # fmt: skip
+        logger.info(
+            "draft vocabulary: %d tokens cover %.1f%% of assistant tokens",
+            vocab.size,
+            100 * float(covered),
+        )
     if config.kind is HeadKind.EAGLE3 and config.init_from_target:
         _init_from_target(head, target, target_ids)
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
@@ -181,8 +190,9 @@ def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tens
         # The norm's effective gain, whatever its convention (Gemma scales by 1 + weight): an
         # RMS norm maps the all-ones vector to its gain. A large gain (Gemma's final norm) on a
         # random head output gives huge random logits, so it is capped.
-        ones = torch.ones(1, norm_weight.shape[0], dtype=norm_weight.dtype,
-                          device=norm_weight.device)  # fmt: skip
+        ones = torch.ones(
+            1, norm_weight.shape[0], dtype=norm_weight.dtype, device=norm_weight.device
+        )
         gain = norm(ones)[0].float()
         head.norm.weight.copy_(gain / gain.abs().mean().clamp(min=1.0))
 
@@ -501,20 +511,35 @@ def _report(run: _Run, output: LossOutput, tau: float | None) -> None:
     result, done, total = run.result, run.result.steps, run.total
     accuracy = output.accuracies[0] if output.accuracies else 0.0
     progress = TrainProgress(
-        step=done, total_steps=total, loss=result.losses[-1], accuracy=accuracy,
-        estimated_tau=result.estimated_tau, lr=run.scheduler.get_last_lr()[0], tau=tau,
-    )  # fmt: skip
+        step=done,
+        total_steps=total,
+        loss=result.losses[-1],
+        accuracy=accuracy,
+        estimated_tau=result.estimated_tau,
+        lr=run.scheduler.get_last_lr()[0],
+        tau=tau,
+    )
     if run.bar is not None:
-        postfix = {"loss": f"{progress.loss:.3f}", "acc": f"{accuracy:.2f}",
-                   "tau~": f"{progress.estimated_tau:.2f}"}  # fmt: skip
+        postfix = {
+            "loss": f"{progress.loss:.3f}",
+            "acc": f"{accuracy:.2f}",
+            "tau~": f"{progress.estimated_tau:.2f}",
+        }
         if tau is not None:
             postfix["tau"] = f"{tau:.2f}"
         run.bar.set_postfix(postfix, refresh=False)
         run.bar.update(1)
     if done % max(1, run.config.log_every) == 0 or done == total or tau is not None:
-        logger.info("step %d/%d loss %.4f acc %.3f est. tau %.2f lr %.2e%s", done, total,
-                    progress.loss, accuracy, progress.estimated_tau, progress.lr,
-                    f" held-out tau {tau:.2f}" if tau is not None else "")  # fmt: skip
+        logger.info(
+            "step %d/%d loss %.4f acc %.3f est. tau %.2f lr %.2e%s",
+            done,
+            total,
+            progress.loss,
+            accuracy,
+            progress.estimated_tau,
+            progress.lr,
+            f" held-out tau {tau:.2f}" if tau is not None else "",
+        )
     if run.progress_callback is not None:
         run.progress_callback(progress)
 

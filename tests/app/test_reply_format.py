@@ -122,8 +122,9 @@ def test_the_model_gets_back_its_own_text_not_the_display_form() -> None:
     backend = FakeBackend(script=((((reply, "target"),), 0),))
     session = Session()
     controller = ChatController(backend, min_refresh_s=0.0, plot_refresh_s=0.0)
-    history = list(controller.chat("How many?", [], "", "eagle", 0.0, 1.0, 64, True, 16, 5, 4,
-                                   session))[-1][0]  # fmt: skip
+    history = list(
+        controller.chat("How many?", [], "", "eagle", 0.0, 1.0, 64, True, 16, 5, 4, session)
+    )[-1][0]
     assert history[-1]["content"] == reply_markdown(reply) != reply
     list(controller.chat("And now?", history, "", "eagle", 0.0, 1.0, 64, True, 16, 5, 4, session))
     sent = backend.calls[-1][1][0]

@@ -32,15 +32,36 @@ def hand_made() -> BenchResult:
         [((1, 2, 3, 4), (1, 2, 3, 4)), ((5, 6), (5, 7))]
     ):
         prompt = PromptResult(BenchPrompt(str(index), "x", "hi"))
-        prompt.runs["vanilla"] = MethodRun("vanilla", vanilla_ids, seconds=2.0, ttft_s=0.5,
-                                           rounds=len(vanilla_ids) - 1, acceptance_lengths=())  # fmt: skip
-        prompt.runs["eagle"] = MethodRun("eagle", eagle_ids, seconds=0.5, ttft_s=0.1, rounds=1,
-                                         acceptance_lengths=(len(eagle_ids) - 1,), draft_s=0.1,
-                                         verify_s=0.2)  # fmt: skip
+        prompt.runs["vanilla"] = MethodRun(
+            "vanilla",
+            vanilla_ids,
+            seconds=2.0,
+            ttft_s=0.5,
+            rounds=len(vanilla_ids) - 1,
+            acceptance_lengths=(),
+        )
+        prompt.runs["eagle"] = MethodRun(
+            "eagle",
+            eagle_ids,
+            seconds=0.5,
+            ttft_s=0.1,
+            rounds=1,
+            acceptance_lengths=(len(eagle_ids) - 1,),
+            draft_s=0.1,
+            verify_s=0.2,
+        )
         prompt.runs["prompt_lookup"] = MethodRun("prompt_lookup", vanilla_ids, 1.0, 0.0, 0, ())
         prompts.append(prompt)
-    settings = {"machine": "m", "device": "cpu", "dtype": "float32", "torch": "t", "num_prompts": 2,
-                "max_new_tokens": 4, "temperature": 0.0, "tree": "auto"}  # fmt: skip
+    settings = {
+        "machine": "m",
+        "device": "cpu",
+        "dtype": "float32",
+        "torch": "t",
+        "num_prompts": 2,
+        "max_new_tokens": 4,
+        "temperature": 0.0,
+        "tree": "auto",
+    }
     return BenchResult(settings, {"verify_ratio": {"8": 1.9}, "draft_step_ratio": 0.1}, prompts)
 
 
@@ -67,8 +88,15 @@ def test_the_report_and_the_chat_panel_explain_a_slow_run_in_the_same_words() ->
     prompt.runs["vanilla"] = MethodRun("vanilla", (1, 2, 3, 4, 5, 6), 2.0, 0.5, 5, ())
     gained = tuple(drafts + 1 for drafts in accepted)  # acceptance lengths: tokens per round
     prompt.runs["eagle"] = MethodRun(
-        "eagle", (1, 2, 3, 4, 5, 6), seconds=1.0, ttft_s=0.2, rounds=4,
-        acceptance_lengths=gained, draft_s=0.4, verify_s=0.4, tree_sizes=sizes,
+        "eagle",
+        (1, 2, 3, 4, 5, 6),
+        seconds=1.0,
+        ttft_s=0.2,
+        rounds=4,
+        acceptance_lengths=gained,
+        draft_s=0.4,
+        verify_s=0.4,
+        tree_sizes=sizes,
     )
     result = hand_made()
     costs_json = {"verify_ratio": {"1": 1.0, "8": 2.5}, "draft_step_ratio": 0.1}
@@ -134,10 +162,18 @@ def test_repeats_keep_the_median_run_by_time_per_token() -> None:
 def test_repeated_bench_interleaves_and_records_repeats(tmp_path) -> None:
     pair = easy_pair_on_disk(tmp_path)
     order = []
-    spec = BenchSpec(max_new_tokens=8, tree=TreeConfig(total_tokens=4, depth=3, top_k=1),
-                     methods=("vanilla", "eagle"), repeats=3)  # fmt: skip
-    result = run_bench(pair, load_prompts(limit=1), spec,
-                       progress=lambda index, total, method: order.append(method))  # fmt: skip
+    spec = BenchSpec(
+        max_new_tokens=8,
+        tree=TreeConfig(total_tokens=4, depth=3, top_k=1),
+        methods=("vanilla", "eagle"),
+        repeats=3,
+    )
+    result = run_bench(
+        pair,
+        load_prompts(limit=1),
+        spec,
+        progress=lambda index, total, method: order.append(method),
+    )
     assert order == ["vanilla", "eagle"] * 3
     assert result.settings["repeats"] == 3
     assert "run 3x per method" in to_markdown(result, summarize(result), "cmd")
@@ -145,8 +181,13 @@ def test_repeated_bench_interleaves_and_records_repeats(tmp_path) -> None:
 
 def test_sampling_runs_the_prompt_set_once_per_seed_and_reports_each(tmp_path) -> None:
     pair = easy_pair_on_disk(tmp_path)
-    spec = BenchSpec(max_new_tokens=8, temperature=1.0, methods=("vanilla", "eagle"), seeds=3,
-                     tree=TreeConfig(total_tokens=4, depth=3, top_k=1))  # fmt: skip
+    spec = BenchSpec(
+        max_new_tokens=8,
+        temperature=1.0,
+        methods=("vanilla", "eagle"),
+        seeds=3,
+        tree=TreeConfig(total_tokens=4, depth=3, top_k=1),
+    )
     result = run_bench(pair, load_prompts(limit=2), spec)
     assert [p.seed for p in result.prompts] == [0, 0, 1, 1, 2, 2]
     assert result.settings["seeds"] == 3
@@ -172,8 +213,12 @@ def test_fixed_trees_run_beside_auto_in_the_same_interleaved_run(tmp_path) -> No
     assert trees[1] == TreeConfig(total_tokens=4, depth=3, top_k=1)
     order: list[str] = []
     spec = BenchSpec(max_new_tokens=16, methods=("vanilla", "eagle"), compare_trees=trees)
-    result = run_bench(pair, load_prompts(limit=2), spec,
-                       progress=lambda index, total, method: order.append(method))  # fmt: skip
+    result = run_bench(
+        pair,
+        load_prompts(limit=2),
+        spec,
+        progress=lambda index, total, method: order.append(method),
+    )
     assert order[:4] == ["vanilla", "eagle", "eagle@8/4/2", "eagle@chain 3"]
     summary = summarize(result)
     assert list(summary) == ["vanilla", "eagle", "eagle@8/4/2", "eagle@chain 3"]

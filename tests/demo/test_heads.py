@@ -30,8 +30,13 @@ def test_batched_answers_match_single_generation(tmp_path) -> None:
         assert conversation[:-1] == prompt and conversation[-1]["role"] == "assistant"
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
-        single = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                                 eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+        single = target.generate(
+            ids,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         expected = tokenizer.decode(single[0, ids.shape[1] :], skip_special_tokens=True).strip()
         assert conversation[-1]["content"] == expected
     path = write_sharegpt(answered, tmp_path / "data.jsonl")

@@ -229,8 +229,15 @@ def test_scouting_verifies_a_covering_shape_now_and_then() -> None:
 def test_the_summary_and_each_round_name_the_verified_shapes() -> None:
     target, head = easy_llama_pair()
     runner, drafter = make_runner(target, head)
-    summary, rounds = run(runner, drafter, [1, 2, 3, 4], mode="eagle", max_new_tokens=60,
-                          tree=TreeConfig(auto=True), costs=CPU_LIKE)  # fmt: skip
+    summary, rounds = run(
+        runner,
+        drafter,
+        [1, 2, 3, 4],
+        mode="eagle",
+        max_new_tokens=60,
+        tree=TreeConfig(auto=True),
+        costs=CPU_LIKE,
+    )
     shapes = [r.tree_shape for r in rounds[1:]]
     assert all(shapes)
     assert dict(summary.tree_shapes) == {s: shapes.count(s) for s in set(shapes)}

@@ -39,9 +39,11 @@ def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
 
 def test_round_cost_uses_the_chain_table_for_chains() -> None:
     costs = CostModel(
-        verify_s={1: 1.0, 4: 3.0}, chain_verify_s={1: 1.0, 4: 2.0}, draft_step_s=0.5,
+        verify_s={1: 1.0, 4: 3.0},
+        chain_verify_s={1: 1.0, 4: 2.0},
+        draft_step_s=0.5,
         chain_step_s=0.25,
-    )  # fmt: skip
+    )
     assert costs.round_s(TreeConfig(total_tokens=4, depth=3, top_k=1)) == 2.0 + 3 * 0.25
     assert costs.round_s(TreeConfig(total_tokens=4, depth=2, top_k=2)) == 3.0 + 2 * 0.5
     assert costs.verify_ratio(4, chain=True) == 2.0

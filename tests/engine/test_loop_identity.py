@@ -22,9 +22,12 @@ PROMPTS = ([5, 17, 33, 2, 90, 41], [200, 3, 3, 3, 7, 7, 150, 64, 12, 9, 1, 250])
 
 def hf_greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = target.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=None, pad_token_id=0,
-    )  # fmt: skip
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[0, len(prompt) :].tolist()
 
 

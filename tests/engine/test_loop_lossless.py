@@ -72,9 +72,15 @@ def sample_counts(
     for i in range(SAMPLES):
         seeded = SamplingConfig(sampling.temperature, sampling.top_p, sampling.top_k, seed=i)
         summary, rounds = run(
-            runner, drafter, prompt, mode="eagle", max_new_tokens=3, sampling=seeded, tree=tree,
+            runner,
+            drafter,
+            prompt,
+            mode="eagle",
+            max_new_tokens=3,
+            sampling=seeded,
+            tree=tree,
             costs=costs,
-        )  # fmt: skip
+        )
         second[summary.token_ids[1]] += 1
         third[summary.token_ids[2]] += 1
         accepted += sum(r.num_accepted_drafts for r in rounds)
@@ -138,10 +144,18 @@ def test_sampling_is_lossless_on_a_sliding_window_target() -> None:
 
     torch.manual_seed(5)
     config = Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_hidden_layers=8, sliding_window=4,
-        query_pre_attn_scalar=16, max_position_embeddings=128, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=8,
+        sliding_window=4,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = "sdpa"
     target = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():

@@ -49,9 +49,16 @@ def test_the_auto_policy_drafts_sampled_chains_at_temperature(pair) -> None:
     assert choice is not None and choice.top_k == 1 and choice.depth >= 2
     sampling = SamplingConfig(temperature=1.0, seed=0)
     _, rounds = run(
-        runner, drafter, PROMPT, mode="eagle", max_new_tokens=12, sampling=sampling, tree=AUTO,
-        costs=COSTS, stop_on_eos=False,
-    )  # fmt: skip
+        runner,
+        drafter,
+        PROMPT,
+        mode="eagle",
+        max_new_tokens=12,
+        sampling=sampling,
+        tree=AUTO,
+        costs=COSTS,
+        stop_on_eos=False,
+    )
     drafted = [r for r in rounds[1:] if r.tree_size > 1]
     assert drafted, "the policy never drafted"
     # a chain of d draws has d + 1 nodes, and the first round uses the policy's first choice

@@ -54,9 +54,13 @@ def test_replay_on_a_hand_made_tree() -> None:
     # root -> a(rank 0) -> c(rank 0); root -> b(rank 1) -> d(rank 0); scores order a, b, c, d
     tree = DraftTree.from_parents(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([-1, 0, 0, 1, 2]))
     tree = type(tree)(
-        tree.token_ids, tree.parents, tree.depths, tree.ancestors,
-        ranks=torch.tensor([0, 0, 1, 0, 0]), scores=torch.tensor([0.0, -0.1, -0.5, -0.6, -0.9]),
-    )  # fmt: skip
+        tree.token_ids,
+        tree.parents,
+        tree.depths,
+        tree.ancestors,
+        ranks=torch.tensor([0, 0, 1, 0, 0]),
+        scores=torch.tensor([0.0, -0.1, -0.5, -0.6, -0.9]),
+    )
     correct = torch.tensor([True, False, True, False, True])  # b then d are right
     shapes = [TreeConfig(2, 1, 1), TreeConfig(3, 1, 2), TreeConfig(4, 2, 2), TreeConfig(5, 2, 2)]
     assert replay_accepted(tree, correct, shapes) == [0, 1, 1, 2]

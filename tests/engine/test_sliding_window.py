@@ -31,17 +31,26 @@ from tests.engine.test_loop_identity import hf_greedy
 from tests.factories import tiny_head
 
 _COMMON = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
     num_hidden_layers=8,
-)  # fmt: skip
+)
 
 # name -> (config, window); every hybrid config mixes full and sliding layers.
 SLIDING_CONFIGS = {
     "gemma2": lambda: Gemma2Config(
-        **_COMMON, head_dim=16, sliding_window=16, attn_logit_softcapping=None,
-        final_logit_softcapping=None, query_pre_attn_scalar=16,
-    ),  # fmt: skip
+        **_COMMON,
+        head_dim=16,
+        sliding_window=16,
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        query_pre_attn_scalar=16,
+    ),
     "gemma3": lambda: Gemma3TextConfig(
         **_COMMON, head_dim=16, sliding_window=24, query_pre_attn_scalar=16
     ),
@@ -108,8 +117,9 @@ def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kin
     vanilla, _ = run(runner, drafter, prompt, mode="vanilla", max_new_tokens=new_tokens)
     assert list(vanilla.token_ids) == expected
     for tree in (TreeConfig(total_tokens=12, depth=4, top_k=3), TreeConfig(shape="static")):
-        eagle, rounds = run(runner, drafter, prompt, mode="eagle", max_new_tokens=new_tokens,
-                            tree=tree)  # fmt: skip
+        eagle, rounds = run(
+            runner, drafter, prompt, mode="eagle", max_new_tokens=new_tokens, tree=tree
+        )
         assert list(eagle.token_ids) == expected, f"{name}/{kind}/{tree}"
         assert max(r.tree_size for r in rounds) > 1
 

@@ -104,9 +104,11 @@ def demo_pair():
 def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int | None = None):
     ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Write a Python function."}])
     config = GenerationConfig(
-        mode=mode, max_new_tokens=40, tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
+        mode=mode,
+        max_new_tokens=40,
+        tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
         sampling=SamplingConfig(temperature=temperature, seed=seed),
-    )  # fmt: skip
+    )
     engine = dataclasses.replace(pair.engine, stops=stops)  # same runner, drafter and costs
     events = list(engine.generate(ids, config))
     rounds = [e for e in events if isinstance(e, RoundCompleted)]

@@ -171,8 +171,9 @@ def test_sampled_trees_are_chains_of_draws_with_their_distributions() -> None:
     cache = runner.new_cache()
     drafter.begin(prompt, 7, runner.prefill(prompt, cache, with_features=True).features)
     sampling = SamplingConfig(temperature=1.0)
-    tree = drafter.propose(7, TreeConfig(total_tokens=9, depth=4, top_k=2), sampling,
-                           make_generator(0))  # fmt: skip
+    tree = drafter.propose(
+        7, TreeConfig(total_tokens=9, depth=4, top_k=2), sampling, make_generator(0)
+    )
     assert tree.size == 9  # 2 branches x 4 levels + root
     assert tree.parents.tolist() == [-1, 0, 0, 1, 2, 3, 4, 5, 6]
     assert tree.depths.tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
@@ -181,8 +182,9 @@ def test_sampled_trees_are_chains_of_draws_with_their_distributions() -> None:
     for node in range(1, tree.size):  # every draft had positive probability under its q
         column = (tree.proposal_ids == tree.token_ids[node]).nonzero().flatten()
         assert float(tree.proposal_probs[tree.parents[node], column].sum()) > 0
-    chain = drafter.propose(7, TreeConfig(total_tokens=5, depth=6, top_k=1), sampling,
-                            make_generator(1))  # fmt: skip
+    chain = drafter.propose(
+        7, TreeConfig(total_tokens=5, depth=6, top_k=1), sampling, make_generator(1)
+    )
     assert chain.is_chain and chain.size == 5  # total_tokens caps the depth
     rows = chain.proposal_probs.sum(dim=-1)
     assert torch.allclose(rows[:4], torch.ones(4)) and rows[4] == 0

@@ -16,12 +16,17 @@ from models.heads.config import HeadKind
 from tests.factories import tiny_head, tiny_target
 
 EAGLE1_KEYS = {
-    "fc.weight", "fc.bias",
-    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
-    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
-    "layers.0.mlp.down_proj.weight", "layers.0.post_attention_layernorm.weight",
-}  # fmt: skip
+    "fc.weight",
+    "fc.bias",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+}
 
 
 @pytest.fixture(scope="module")

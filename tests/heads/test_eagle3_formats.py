@@ -30,12 +30,21 @@ from tests.factories import tiny_head, tiny_target
 
 OFFICIAL_KEYS = {
     "fc.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
-    "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-}  # fmt: skip
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +61,31 @@ def specforge_dir(tmp_path, target, draft_vocab: int, with_embedding: bool = Tru
     if with_embedding:
         state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 1,
-        "vocab_size": target.config.vocab_size, "draft_vocab_size": draft_vocab,
-        "target_hidden_size": 64, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "max_position_embeddings": 131072, "tie_word_embeddings": False,
-        "hidden_act": "silu", "torch_dtype": "bfloat16",
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 1,
+        "vocab_size": target.config.vocab_size,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": 64,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file(state, str(tmp_path / "model.safetensors"))
     return head, state

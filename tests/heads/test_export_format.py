@@ -61,8 +61,13 @@ def test_rope_scaling_is_written_as_every_loader_reads_it(tmp_path, target) -> N
     config, _ = _saved(tmp_path, head)
     assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}  # the reference's 2 keys
     assert load_head(tmp_path).config.rope_scaling["rope_type"] == "linear"
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     head.config.rope_scaling = llama3
     config, _ = _saved(tmp_path, head)
     assert config["rope_scaling"] == {**llama3, "type": "llama3"}
@@ -126,5 +131,7 @@ def test_bundled_demo_heads_carry_what_other_loaders_read(kind) -> None:
     if kind == "eagle3":
         assert "target_hidden_size" not in config
         assert config["eagle_aux_hidden_state_layer_ids"] == [
-            2, target_layers // 2, target_layers - 3
-        ]  # fmt: skip
+            2,
+            target_layers // 2,
+            target_layers - 3,
+        ]

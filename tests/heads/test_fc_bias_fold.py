@@ -74,8 +74,14 @@ def _args(**values) -> argparse.Namespace:
 
 
 def test_export_folds_the_demo_head_for_vllm(tmp_path) -> None:
-    export(_args(head=str(DEMO / "head-eagle1"), out=str(tmp_path), target=str(DEMO / "target"),
-                 fold_fc_bias=True))  # fmt: skip
+    export(
+        _args(
+            head=str(DEMO / "head-eagle1"),
+            out=str(tmp_path),
+            target=str(DEMO / "target"),
+            fold_fc_bias=True,
+        )
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     state = load_file(str(tmp_path / "model.safetensors"))
     assert config["bias"] is False and "fc.bias" not in state
@@ -90,20 +96,30 @@ def test_export_names_the_feature_layers_of_an_old_eagle3_head(tmp_path) -> None
     head = tiny_head("eagle3", target)
     head.config.eagle_aux_hidden_state_layer_ids = None  # as heads exported before they were named
     save_head(head, tmp_path / "old", dtype=torch.bfloat16)
-    export(_args(head=str(tmp_path / "old"), out=str(tmp_path / "new"),
-                 target=str(tmp_path / "target")))  # fmt: skip
+    export(
+        _args(
+            head=str(tmp_path / "old"), out=str(tmp_path / "new"), target=str(tmp_path / "target")
+        )
+    )
     config = json.loads((tmp_path / "new" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert config["torch_dtype"] == "bfloat16"  # the head's own dtype is kept
-    old, new = load_file(str(tmp_path / "old" / "model.safetensors")), load_file(
-        str(tmp_path / "new" / "model.safetensors")
+    old, new = (
+        load_file(str(tmp_path / "old" / "model.safetensors")),
+        load_file(str(tmp_path / "new" / "model.safetensors")),
     )
     assert all(torch.equal(old[k], new[k]) for k in old)
 
 
 def test_export_with_embedding_copies_the_targets_and_says_so(tmp_path) -> None:
-    export(_args(head=str(DEMO / "head-eagle3"), out=str(tmp_path), target=str(DEMO / "target"),
-                 with_embedding=True))  # fmt: skip
+    export(
+        _args(
+            head=str(DEMO / "head-eagle3"),
+            out=str(tmp_path),
+            target=str(DEMO / "target"),
+            with_embedding=True,
+        )
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     state = load_file(str(tmp_path / "model.safetensors"))
     target_state = load_file(str(DEMO / "target" / "model.safetensors"))

@@ -55,10 +55,23 @@ def test_damaged_head_is_one_clear_error(pair_dirs, tmp_path, how) -> None:
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
 def test_damaged_files_in_the_cli_are_error_and_hint_lines(pair_dirs, tmp_path, capsys, how):
     target, head = pair_dirs
-    for bad_target, bad_head in ((target, damaged_copy(head, tmp_path, how)),
-                                 (damaged_copy(target, tmp_path, how), head)):  # fmt: skip
-        code = launch.main(["generate", "--target", str(bad_target), "--head", str(bad_head),
-                            "--prompt", "hello", "--max-new-tokens", "2"])  # fmt: skip
+    for bad_target, bad_head in (
+        (target, damaged_copy(head, tmp_path, how)),
+        (damaged_copy(target, tmp_path, how), head),
+    ):
+        code = launch.main(
+            [
+                "generate",
+                "--target",
+                str(bad_target),
+                "--head",
+                str(bad_head),
+                "--prompt",
+                "hello",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2
         lines = [line for line in err.splitlines() if line.startswith(("error:", "hint:"))]

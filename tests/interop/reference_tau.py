@@ -85,15 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         target = transformers4_copy(Path(args.target), work / "target")
-        request = {"target": str(target), "head": str(Path(args.head).resolve()),
-                   "kind": pair.head.kind.value, "total_tokens": args.total_tokens,
-                   "depth": args.depth, "top_k": args.top_k,
-                   "max_new_tokens": args.max_new_tokens, "prompts": prompts}  # fmt: skip
+        request = {
+            "target": str(target),
+            "head": str(Path(args.head).resolve()),
+            "kind": pair.head.kind.value,
+            "total_tokens": args.total_tokens,
+            "depth": args.depth,
+            "top_k": args.top_k,
+            "max_new_tokens": args.max_new_tokens,
+            "prompts": prompts,
+        }
         (work / "request.json").write_text(json.dumps(request))
-        env = {**os.environ, "PYTHONPATH": str(Path(args.eagle_source).resolve()),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
-        subprocess.run([str(python), str(OFFICIAL / "reference_generate.py"), str(work)],
-                       env=env, check=True, cwd=tmp)  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(Path(args.eagle_source).resolve()),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        subprocess.run(
+            [str(python), str(OFFICIAL / "reference_generate.py"), str(work)],
+            env=env,
+            check=True,
+            cwd=tmp,
+        )
         theirs = json.loads((work / "answer.json").read_text())
     our_tokens = sum(len(s.token_ids) for s in ours)
     our_rounds = sum(s.rounds for s in ours)
@@ -101,12 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     their_rounds = sum(r["rounds"] for r in theirs)
     for summary, result in zip(ours, theirs, strict=True):
         same = list(summary.token_ids) == up_to_eos(result["ids"], pair.engine.eos_ids)
-        print(f"ours {len(summary.token_ids)}/{summary.rounds}  reference "
-              f"{len(up_to_eos(result['ids'], pair.engine.eos_ids))}/{result['rounds']}  "
-              f"identical {same}")  # fmt: skip
+        print(
+            f"ours {len(summary.token_ids)}/{summary.rounds}  reference "
+            f"{len(up_to_eos(result['ids'], pair.engine.eos_ids))}/{result['rounds']}  "
+            f"identical {same}"
+        )
     our_tau, their_tau = our_tokens / our_rounds, their_tokens / their_rounds
-    print(f"tau: ours {our_tau:.2f}, reference {their_tau:.2f} (tree {args.total_tokens}/"
-          f"{args.depth}/{args.top_k}, {len(prompts)} prompts)")  # fmt: skip
+    print(
+        f"tau: ours {our_tau:.2f}, reference {their_tau:.2f} (tree {args.total_tokens}/"
+        f"{args.depth}/{args.top_k}, {len(prompts)} prompts)"
+    )
     return 0 if abs(their_tau - our_tau) <= TOLERANCE * our_tau else 1
 
 

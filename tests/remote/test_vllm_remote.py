@@ -66,9 +66,12 @@ def remote_app(vllm_server: VllmServer) -> Iterator[RemoteApp]:
     demo = build_app(backend, initial=LoadConfig(target=vllm_server.url), selected=REMOTE)
     demo.queue(default_concurrency_limit=1)
     _, url, _ = demo.launch(
-        server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        prevent_thread_lock=True,
+        quiet=True,
         **launch_options(),
-    )  # fmt: skip
+    )
     try:
         yield RemoteApp(url=url.rstrip("/"), backend=backend, server=vllm_server)
     finally:

@@ -28,8 +28,9 @@ def pair_on_disk(tmp_path, monkeypatch):
 def load(root, dtype: str = "float32"):
     config = LoadConfig(target=str(root / "target"), head=str(root / "head"), dtype=dtype)
     events = []
-    pair = drain(load_steps(prepare(config, str(root / "target"), str(root / "head"))),
-                 events.append)  # fmt: skip
+    pair = drain(
+        load_steps(prepare(config, str(root / "target"), str(root / "head"))), events.append
+    )
     return pair, [e for e in events if e.stage == "calibrate"]
 
 
@@ -70,7 +71,7 @@ def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
                 again.engine.runner.device,
                 "float32",
                 "none",
-            )  # fmt: skip
+            )
         )
         == again.engine.costs
     )

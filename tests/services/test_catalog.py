@@ -11,7 +11,7 @@ import pytest
 from backend.errors import ConfigError
 from backend.services.catalog import REPO_ROOT, PairSpec, find_pair, load_catalog
 
-# eagle.md section 7: every released head, with its target.
+# Every head the EAGLE authors released, with its target.
 RELEASED = {
     "yuhuili/EAGLE-Vicuna-7B-v1.3": ("lmsys/vicuna-7b-v1.3", "eagle1"),
     "yuhuili/EAGLE-Vicuna-13B-v1.3": ("lmsys/vicuna-13b-v1.3", "eagle1"),

@@ -32,8 +32,12 @@ def offloaded(saved: Path, how: str, tmp_path: Path):
 
         model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32)
         return cpu_offload(model, execution_device=torch.device("cpu")).eval()
-    device_map = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.norm": "cpu",
-                  "lm_head": "disk"}  # fmt: skip
+    device_map = {
+        "model.embed_tokens": "disk",
+        "model.rotary_emb": "cpu",
+        "model.norm": "cpu",
+        "lm_head": "disk",
+    }
     device_map.update({f"model.layers.{i}": "cpu" if i < 4 else "disk" for i in range(8)})
     return AutoModelForCausalLM.from_pretrained(
         saved, dtype=torch.float32, device_map=device_map, offload_folder=str(tmp_path / "disk")

@@ -88,9 +88,11 @@ def test_streaming_completion_sends_sse_chunks_then_done(loaded) -> None:
     host, port = server.url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     connection.request(
-        "POST", "/v1/chat/completions", body=json.dumps({**REQUEST, "stream": True}),
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps({**REQUEST, "stream": True}),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     response = connection.getresponse()
     assert response.status == 200
     assert response.getheader("Content-Type") == "text/event-stream"

@@ -105,8 +105,13 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 def chat(url: str, prompt: str, max_tokens: int, stream: bool, **extra) -> str:
     """One chat turn; the reply's text, checked for a complete OpenAI-shaped response."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": stream, **extra}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
     if not stream:
         status, payload = post(url, body)
         assert status == 200, payload
@@ -178,8 +183,10 @@ def test_eight_concurrent_clients_are_queued_and_each_reply_is_intact(demo) -> N
     assert not errors, errors
     assert results == alone  # none lost, each reply the one its prompt gives alone
     assert backend.status().queued == 0 and not backend.status().busy
-    print(f"\n[soak] 8 concurrent clients: 7 queued at once, 8/8 served, replies identical to "
-          f"alone, {elapsed:.2f} s for all")  # fmt: skip
+    print(
+        f"\n[soak] 8 concurrent clients: 7 queued at once, 8/8 served, replies identical to "
+        f"alone, {elapsed:.2f} s for all"
+    )
 
 
 # ---- disconnects -----------------------------------------------------------------------------
@@ -211,14 +218,20 @@ def assert_freed(backend: ObservedBackend, url: str, abandoned: str) -> None:
     run = backend.runs[abandoned]
     assert run.ended.is_set()  # the next request ran, so the abandoned one had let go
     assert run.tokens < LONG and run.stop_reason in (None, "cancelled"), run
-    print(f"\n[soak] {abandoned!r}: stopped after {run.tokens} of {LONG} tokens, next request "
-          f"answered {elapsed:.2f} s after the disconnect")  # fmt: skip
+    print(
+        f"\n[soak] {abandoned!r}: stopped after {run.tokens} of {LONG} tokens, next request "
+        f"answered {elapsed:.2f} s after the disconnect"
+    )
 
 
 def test_a_streaming_client_that_disconnects_frees_the_model(long_replies) -> None:
     backend, server = long_replies
-    body = {"messages": [{"role": "user", "content": "stream then leave"}], "max_tokens": LONG,
-            "stream": True, **VANILLA}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "stream then leave"}],
+        "max_tokens": LONG,
+        "stream": True,
+        **VANILLA,
+    }
     connection = open_stream(server.url, body)
     response = connection.getresponse()
     assert response.status == 200
@@ -230,8 +243,11 @@ def test_a_streaming_client_that_disconnects_frees_the_model(long_replies) -> No
 
 def test_a_waiting_non_streaming_client_that_disconnects_frees_the_model(long_replies) -> None:
     backend, server = long_replies
-    body = {"messages": [{"role": "user", "content": "wait then leave"}], "max_tokens": LONG,
-            **VANILLA}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "wait then leave"}],
+        "max_tokens": LONG,
+        **VANILLA,
+    }
     connection = open_stream(server.url, body)
     wait_for(lambda: "wait then leave" in backend.runs, "the request reached the backend")
     run = backend.runs["wait then leave"]
@@ -247,10 +263,15 @@ def test_a_queued_client_that_disconnects_leaves_the_queue(long_replies) -> None
     holder = threading.Thread(target=chat, args=(server.url, "holder", 4, False), kwargs=VANILLA)
     holder.start()
     try:
-        wait_for(lambda: "holder" in backend.runs and backend.runs["holder"].started.is_set(),
-                 "the first client holds the model")  # fmt: skip
-        body = {"messages": [{"role": "user", "content": "queue then leave"}],
-                "max_tokens": LONG, **VANILLA}  # fmt: skip
+        wait_for(
+            lambda: "holder" in backend.runs and backend.runs["holder"].started.is_set(),
+            "the first client holds the model",
+        )
+        body = {
+            "messages": [{"role": "user", "content": "queue then leave"}],
+            "max_tokens": LONG,
+            **VANILLA,
+        }
         connection = open_stream(server.url, body)
         wait_for(lambda: backend.status().queued == 1, "the second client is queued")
         connection.close()
@@ -300,6 +321,8 @@ def test_two_hundred_chats_keep_the_server_memory_flat() -> None:
         process.terminate()
         process.wait(10)
     growth = (after - before) / before
-    print(f"\n[soak] 200 chats after 20 warm-up: RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB "
-          f"({100 * growth:+.2f}%), {elapsed:.1f} s ({1000 * elapsed / 200:.0f} ms per chat)")  # fmt: skip
+    print(
+        f"\n[soak] 200 chats after 20 warm-up: RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB "
+        f"({100 * growth:+.2f}%), {elapsed:.1f} s ({1000 * elapsed / 200:.0f} ms per chat)"
+    )
     assert growth < 0.05

@@ -42,9 +42,17 @@ def test_catalog_names_the_format_of_template_less_targets() -> None:
 
 
 def test_catalog_rejects_an_unknown_format(tmp_path: Path) -> None:
-    entry = {"name": "x", "target": "a/b", "head": "c/d", "head_kind": "eagle1", "target_gb": 1,
-             "head_gb": 1, "gated": False, "prompt_format": "alpaca",
-             "tree": {"total_tokens": 8, "depth": 3, "top_k": 2}}  # fmt: skip
+    entry = {
+        "name": "x",
+        "target": "a/b",
+        "head": "c/d",
+        "head_kind": "eagle1",
+        "target_gb": 1,
+        "head_gb": 1,
+        "gated": False,
+        "prompt_format": "alpaca",
+        "tree": {"total_tokens": 8, "depth": 3, "top_k": 2},
+    }
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps({"pairs": [entry]}))
     with pytest.raises(ConfigError, match="prompt_format"):
@@ -58,10 +66,18 @@ def vicuna_like(saved_pairs, tmp_path_factory) -> tuple[Path, Path]:
     target = base / "target"
     shutil.copytree(saved_pairs.target, target)
     (target / "chat_template.jinja").unlink()
-    entry = {"name": "tiny-vicuna", "target": str(target), "head": str(saved_pairs.head),
-             "head_kind": "eagle1", "target_gb": 0, "head_gb": 0, "gated": False,
-             "offline": True, "prompt_format": "vicuna_v1.1",
-             "tree": {"total_tokens": 8, "depth": 4, "top_k": 2}}  # fmt: skip
+    entry = {
+        "name": "tiny-vicuna",
+        "target": str(target),
+        "head": str(saved_pairs.head),
+        "head_kind": "eagle1",
+        "target_gb": 0,
+        "head_gb": 0,
+        "gated": False,
+        "offline": True,
+        "prompt_format": "vicuna_v1.1",
+        "tree": {"total_tokens": 8, "depth": 4, "top_k": 2},
+    }
     (base / "catalog.json").write_text(json.dumps({"pairs": [entry]}))
     return target, base / "catalog.json"
 

@@ -71,10 +71,16 @@ def test_head_kind_mismatch_names_expected_and_detected() -> None:
 @pytest.mark.parametrize(
     "config, name",
     [
-        (BertConfig(vocab_size=300, hidden_size=64, architectures=["BertForMaskedLM"]), "BertForMaskedLM"),
-        (T5Config(vocab_size=300, d_model=64, architectures=["T5ForConditionalGeneration"]), "T5ForConditionalGeneration"),
+        (
+            BertConfig(vocab_size=300, hidden_size=64, architectures=["BertForMaskedLM"]),
+            "BertForMaskedLM",
+        ),
+        (
+            T5Config(vocab_size=300, d_model=64, architectures=["T5ForConditionalGeneration"]),
+            "T5ForConditionalGeneration",
+        ),
     ],
-)  # fmt: skip
+)
 def test_architecture_mismatch_names_head_kind_and_target_architecture(config, name) -> None:
     head = head_config_for_target(target_config("llama", vocab_size=300), HeadKind.EAGLE1)
     message = mismatch(head, config)
@@ -105,10 +111,16 @@ def test_catalog_head_kind_is_cross_checked_on_load(
 ) -> None:
     """The catalog says eagle3, the checkpoint is EAGLE-1: the load fails, naming both."""
     entry = {
-        "name": "mislabelled", "target": str(saved_pairs.target), "head": str(saved_pairs.head),
-        "head_kind": "eagle3", "target_gb": 0.001, "head_gb": 0.001, "gated": False,
-        "tree": {"total_tokens": 8, "depth": 4, "top_k": 2}, "offline": True,
-    }  # fmt: skip
+        "name": "mislabelled",
+        "target": str(saved_pairs.target),
+        "head": str(saved_pairs.head),
+        "head_kind": "eagle3",
+        "target_gb": 0.001,
+        "head_gb": 0.001,
+        "gated": False,
+        "tree": {"total_tokens": 8, "depth": 4, "top_k": 2},
+        "offline": True,
+    }
     catalog = tmp_path / "catalog.json"
     catalog.write_text(json.dumps({"version": 1, "pairs": [entry]}))
     backend = Backend(catalog_path=catalog)

@@ -62,9 +62,10 @@ def test_plain_completion_without_chat_template_and_truncation():
     assert example.input_ids == tokenizer(text, add_special_tokens=True)["input_ids"]
     decoded = [tokenizer.decode([t]) for t, m in zip(example.input_ids, example.loss_mask) if m]
     assert "".join(decoded) == "the foxlazy dog."
-    assert encode_prompt(tokenizer, CONVERSATION[:4]) == tokenizer(
-        "hello worldthe fox\nok", add_special_tokens=True
-    )["input_ids"]
+    assert (
+        encode_prompt(tokenizer, CONVERSATION[:4])
+        == tokenizer("hello worldthe fox\nok", add_special_tokens=True)["input_ids"]
+    )
     # serving's prompt encoding and training's tokenisation of the same turns agree
     prompt_example = tokenize_conversation(tokenizer, CONVERSATION[:4], max_length=1000)
     assert plain_completion_ids(tokenizer, CONVERSATION[:4]) == prompt_example.input_ids
@@ -100,12 +101,15 @@ def test_prompt_only_data_needs_regeneration():
 
 def test_reads_sharegpt_messages_prompts_and_text(tmp_path: Path):
     sharegpt = [
-        {"conversations": [
-            {"from": "gpt", "value": "Hi! How can I help?"},  # leading bot turn: dropped
-            {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"},
-        ]},
+        {
+            "conversations": [
+                {"from": "gpt", "value": "Hi! How can I help?"},  # leading bot turn: dropped
+                {"from": "human", "value": "2+2?"},
+                {"from": "gpt", "value": "4"},
+            ]
+        },
         {"conversations": [{"from": "tool", "value": "x"}, {"from": "human", "value": "y"}]},
-    ]  # fmt: skip
+    ]
     (tmp_path / "a.json").write_text(json.dumps(sharegpt))
     assert load_conversations(tmp_path / "a.json") == [
         [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
@@ -119,10 +123,13 @@ def test_reads_sharegpt_messages_prompts_and_text(tmp_path: Path):
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert load_conversations(tmp_path / "b.jsonl") == [
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-        [{"role": "system", "content": "s"}, {"role": "user", "content": "Sum\n\n1 2"},
-         {"role": "assistant", "content": "3"}],
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "Sum\n\n1 2"},
+            {"role": "assistant", "content": "3"},
+        ],
         [{"role": "user", "content": "only a prompt"}],
-    ]  # fmt: skip
+    ]
     (tmp_path / "c.txt").write_text("first prompt\n\n second prompt \n")
     assert load_conversations(tmp_path / "c.txt") == [
         [{"role": "user", "content": "first prompt"}],
@@ -159,9 +166,12 @@ def test_regenerate_replaces_replies_with_the_targets_greedy_output():
     ]
     prompt = encode_prompt(tokenizer, conversations[1])
     expected = target.generate(
-        input_ids=torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )[0, len(prompt) :]  # fmt: skip
+        input_ids=torch.tensor([prompt]),
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )[0, len(prompt) :]
     assert out[1][1]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
     assert out[0][2]["content"] != "the fox"  # a random model does not write the data set's reply
     sampling = RegenerateOptions(6, temperature=1.0, seed=5)

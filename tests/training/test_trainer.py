@@ -38,9 +38,13 @@ def _greedy_examples(target, count: int, new_tokens: int, seed: int) -> list[Tok
         prompt = torch.randint(3, target.config.vocab_size, (1, PROMPT_LEN), generator=generator)
         with torch.no_grad():
             ids = target.generate(
-                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                do_sample=False, pad_token_id=0, eos_token_id=None,
-            )[0].tolist()  # fmt: skip
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )[0].tolist()
         examples.append(TokenizedExample(ids, [0] * PROMPT_LEN + [1] * (len(ids) - PROMPT_LEN)))
     return examples
 
@@ -51,8 +55,16 @@ def examples(easy_target):
 
 
 def _config(tmp_path: Path, kind: str, **overrides) -> TrainConfig:
-    settings = dict(kind=kind, out_dir=tmp_path / kind, steps=30, batch_size=4, lr=3e-3,
-                    checkpoint_every=10, show_progress=False, seed=0)  # fmt: skip
+    settings = dict(
+        kind=kind,
+        out_dir=tmp_path / kind,
+        steps=30,
+        batch_size=4,
+        lr=3e-3,
+        checkpoint_every=10,
+        show_progress=False,
+        seed=0,
+    )
     settings.update(overrides)
     return TrainConfig(**settings)
 
@@ -99,15 +111,23 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(easy_target, exa
         train_head(easy_target, None, examples, config, interrupt_at_10)
     with pytest.raises(ConfigError, match="checkpoints"):  # never silently mixes two runs
         train_head(easy_target, None, examples, config)
-    resumed = train_head(easy_target, None, examples, _config(
-        tmp_path / "b", "eagle1", steps=15, checkpoint_every=5, resume=True))  # fmt: skip
+    resumed = train_head(
+        easy_target,
+        None,
+        examples,
+        _config(tmp_path / "b", "eagle1", steps=15, checkpoint_every=5, resume=True),
+    )
     assert resumed.resumed_from == 10 and resumed.steps == 15 and len(resumed.losses) == 15
     assert resumed.losses == pytest.approx(straight.losses, rel=1e-5, abs=1e-6)
     for key, value in straight.head.state_dict().items():
         torch.testing.assert_close(resumed.head.state_dict()[key], value, rtol=1e-5, atol=1e-6)
     # a finished run can be extended: it continues from its last checkpoint
-    longer = train_head(easy_target, None, examples, _config(
-        tmp_path / "b", "eagle1", steps=18, checkpoint_every=5, resume=True))  # fmt: skip
+    longer = train_head(
+        easy_target,
+        None,
+        examples,
+        _config(tmp_path / "b", "eagle1", steps=18, checkpoint_every=5, resume=True),
+    )
     assert longer.resumed_from == 15 and longer.steps == 18 and len(longer.losses) == 18
 
 
@@ -150,18 +170,49 @@ def test_trained_head_speeds_up_the_engine(easy_target, tmp_path, kind, extra):
 def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
     tokenizer = tiny_tokenizer(tmp_path / "target")
     tiny_target(vocab_size=len(tokenizer), num_layers=8).save_pretrained(tmp_path / "target")
-    rows = [{"conversations": [{"from": "human", "value": f"hello {i}"},
-                               {"from": "gpt", "value": "the fox"}]} for i in range(6)]  # fmt: skip
+    rows = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"hello {i}"},
+                {"from": "gpt", "value": "the fox"},
+            ]
+        }
+        for i in range(6)
+    ]
     (tmp_path / "data.json").write_text(json.dumps(rows))
     parser = argparse.ArgumentParser()
     train_cli.add_arguments(parser)
-    args = parser.parse_args([
-        "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.json"),
-        "--kind", "eagle3", "--out", str(tmp_path / "head"), "--steps", "3",
-        "--batch-size", "2", "--regenerate", "--regen-max-new-tokens", "6",
-        "--draft-vocab-size", "64", "--ttt-steps", "2", "--eval-prompts", "1",
-        "--eval-max-new-tokens", "6", "--device", "cpu", "--checkpoint-every", "3",
-    ])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "--target",
+            str(tmp_path / "target"),
+            "--data",
+            str(tmp_path / "data.json"),
+            "--kind",
+            "eagle3",
+            "--out",
+            str(tmp_path / "head"),
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--regenerate",
+            "--regen-max-new-tokens",
+            "6",
+            "--draft-vocab-size",
+            "64",
+            "--ttt-steps",
+            "2",
+            "--eval-prompts",
+            "1",
+            "--eval-max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--checkpoint-every",
+            "3",
+        ]
+    )
     assert train_cli.run(args) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("trained eagle3 head: 3 steps") and "1 held-out prompts" in line
@@ -187,7 +238,9 @@ def test_large_features_train_through_scaled_fc_columns_and_save_plain(easy_targ
     from tests.factories import tiny_head
 
     head = tiny_head("eagle3", easy_target)
-    features = torch.randn(2, 9, head.fc.in_features) * torch.linspace(0.5, 400, head.fc.in_features)
+    features = torch.randn(2, 9, head.fc.in_features) * torch.linspace(
+        0.5, 400, head.fc.in_features
+    )
     mask = torch.ones(2, 9, dtype=torch.bool)
     scale = feature_scale(features, mask)
     assert scale.min() >= 1.0 and scale[-1] > 100

@@ -81,8 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = build_app(backend, initial=config)
     demo.queue()
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                **launch_options())  # fmt: skip
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        **launch_options(),
+    )
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

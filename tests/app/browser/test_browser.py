@@ -230,8 +230,13 @@ def demo_app() -> Iterator[tuple[str, object]]:
     assert isinstance(list(backend.load(config))[-1], Loaded)
     demo = build_app(backend, initial=config)
     demo.queue()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
-                            prevent_thread_lock=True, quiet=True, **launch_options())  # fmt: skip
+    _, url, _ = demo.launch(
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        prevent_thread_lock=True,
+        quiet=True,
+        **launch_options(),
+    )
     yield url, backend
     demo.close()
 

@@ -40,5 +40,7 @@ def head_config(head_dir: str) -> dict:
 
 
 def head_weights(head_dir: str) -> dict[str, torch.Tensor]:
-    return {k: v.float() if v.is_floating_point() else v
-            for k, v in load_file(str(Path(head_dir) / "model.safetensors")).items()}
+    return {
+        k: v.float() if v.is_floating_point() else v
+        for k, v in load_file(str(Path(head_dir) / "model.safetensors")).items()
+    }

@@ -31,9 +31,11 @@ def main() -> None:
     results = []
     for prompt in request["prompts"]:
         output, _, last_round = model.eagenerate(
-            torch.tensor([prompt]), temperature=0.0,
-            max_new_tokens=request["max_new_tokens"], log=True,
-        )  # fmt: skip
+            torch.tensor([prompt]),
+            temperature=0.0,
+            max_new_tokens=request["max_new_tokens"],
+            log=True,
+        )
         results.append({"ids": output[0, len(prompt) :].tolist(), "rounds": int(last_round) + 1})
     (folder / "answer.json").write_text(json.dumps(results))
 

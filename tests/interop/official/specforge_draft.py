@@ -63,8 +63,10 @@ def main() -> None:
 
     num_layers = target.config.num_hidden_layers
     layer_ids = raw_config.get("eagle_aux_hidden_state_layer_ids") or [
-        2, num_layers // 2, num_layers - 3
-    ]  # fmt: skip
+        2,
+        num_layers // 2,
+        num_layers - 3,
+    ]
     features = torch.cat([hidden_states[i] for i in layer_ids], dim=-1)  # [1, n, 3H]
     length = prompt.numel()
     tokens = torch.cat([prompt[1:], first])[None]  # head position t reads token t+1

@@ -40,11 +40,17 @@ def main() -> None:
     record_logits(Eagle3LlamaForCausalLM)
     method = "eagle3" if request["kind"] == "eagle3" else "eagle"
     llm = LLM(
-        model=request["target"], dtype="float32", max_model_len=1024,
-        gpu_memory_utilization=0.3, enforce_eager=True,
-        speculative_config={"method": method, "model": request["head"],
-                            "num_speculative_tokens": depth},
-    )  # fmt: skip
+        model=request["target"],
+        dtype="float32",
+        max_model_len=1024,
+        gpu_memory_utilization=0.3,
+        enforce_eager=True,
+        speculative_config={
+            "method": method,
+            "model": request["head"],
+            "num_speculative_tokens": depth,
+        },
+    )
     RECORDED.clear()  # drop warm-up and profiling runs
     llm.generate({"prompt_token_ids": prompt.tolist()}, SamplingParams(temperature=0, max_tokens=2))
     if len(RECORDED) < depth:
