@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from backend.engine.device import choose_device
+from backend.services.dtypes import DTYPES
 from models.demo.corpus import SOURCE_NAMES
 from models.demo.pretrain import ModelShape, TrainOptions
 from models.demo.target import (
@@ -96,7 +97,7 @@ def _run_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, ...")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    g.add_argument("--export-dtype", choices=sorted(DTYPES), default="bfloat16")
     g.add_argument(
         "--log-file", type=Path, default=None, help="log file (default WORK_DIR/train.log)"
     )

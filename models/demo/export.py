@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 SIZE_BUDGET_BYTES = 40e6  # the bundled demo target should stay small
 SAMPLE_PROMPTS = ["Hello! Who are you?", "What is 12 + 7?", "Write a short story about a cat."]
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _save_model(ckpt: dict[str, Any], tokenizer: Any, dtype: str, folder: Path) 
     config = LlamaConfig.from_dict(ckpt["model_config"])
     model = build_model(config, seed=0)
     model.load_state_dict(ckpt["model"])
-    model.to(DTYPES[dtype])
+    model.to(getattr(torch, dtype))  # a name the front end checked against the backend's
     model.config.dtype = dtype
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
