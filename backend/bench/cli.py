@@ -17,6 +17,7 @@ from pathlib import Path
 from backend.bench.prompts import load_prompts
 from backend.bench.report import label, write_reports
 from backend.bench.runner import METHODS, BenchSpec, run_bench
+from backend.bench.sweep import DEFAULT_FILLER, lengthen, run_sweep
 from backend.bench.synthetic import SHAPES, write_synthetic_pair
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.device import choose_device
@@ -70,6 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="prompt-length sweep: run the bench once per length, each prompt lengthened to "
+        "about N tokens by a passage of --sweep-text in front (e.g. 32 512 1536)",
+    )
+    parser.add_argument(
+        "--sweep-text",
+        default=str(DEFAULT_FILLER),
+        help="text whose opening lengthens the prompts of a sweep (default: README.md)",
     )
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -140,11 +154,39 @@ def _run(
     def progress(index: int, total: int, method: str) -> None:
         print(f"\r[{index + 1}/{total}] {label(method):<32}", end="", file=sys.stderr, flush=True)
 
+    command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.prompt_tokens:
+        return _sweep(args, pair, prompts, lambda ps: run_bench(pair, ps, spec, progress), command)
     result = run_bench(pair, prompts, spec, progress)
     result.settings["load_s"] = round(load_s, 2)
     print(file=sys.stderr)
-    command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_reports(result, Path(args.out), command)
     print((Path(args.out) / "summary.md").read_text())
     print(f"saved {args.out}/results.json, summary.md, speed.png")
+    return 0
+
+
+def _sweep(args: argparse.Namespace, pair, prompts, bench, command: str) -> int:
+    """``--prompt-tokens``: one bench per prompt length, then the sweep's table."""
+    limit = pair.engine.runner.max_positions
+    longest = max(args.prompt_tokens) + args.max_new_tokens
+    if limit and longest > limit:
+        raise ConfigError(
+            f"{max(args.prompt_tokens)} prompt tokens + {args.max_new_tokens} new ones exceed "
+            f"the model's context of {limit}",
+            hint="choose shorter --prompt-tokens",
+        )
+    path = Path(args.sweep_text)
+    if not path.is_file():
+        raise ConfigError(f"sweep text {path} does not exist", hint="pass a text file")
+    filler = path.read_text(encoding="utf-8", errors="replace")
+    out = Path(args.out)
+
+    def lengthen_to(items, tokens: int):
+        return lengthen(items, pair.tokenizer, tokens, filler)
+
+    run_sweep(args.prompt_tokens, bench, prompts, lengthen_to, out, command)
+    print(file=sys.stderr)
+    print((out / "sweep.md").read_text())
+    print(f"saved {out}/sweep.md, sweep.json and one report per length")
     return 0

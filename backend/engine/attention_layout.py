@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from backend.engine.kv import visible_keys
 from backend.engine.tree import DraftTree, tree_attention_bias
 from backend.errors import IncompatibleHeadError
 
@@ -53,6 +54,7 @@ class AttentionLayout:
 
     windows: dict[str, int | None]  # layer type -> window
     per_type_masks: bool  # the model takes {layer type: mask}; else one mask for every layer
+    layer_windows: tuple[int | None, ...] = ()  # per layer (empty: full attention everywhere)
 
     @classmethod
     def of(cls, config: Any, model: Any = None) -> AttentionLayout:
@@ -66,8 +68,10 @@ class AttentionLayout:
         types = tuple(getattr(config, "layer_types", None) or ())
         if not types:
             kind = SLIDING if window else FULL
-            return cls({kind: window}, per_type_masks=False)
+            layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+            return cls({kind: window}, per_type_masks=False, layer_windows=(window,) * layers)
         windows = {kind: (window if kind == SLIDING else None) for kind in sorted(set(types))}
+        layer_windows = tuple(windows[kind] for kind in types)
         mixed = len({windows[kind] for kind in windows}) > 1
         if mixed and model is not None and not accepts_mask_mapping(model):
             raise UnsupportedTargetError(
@@ -75,7 +79,7 @@ class AttentionLayout:
                 "accept one attention mask per layer type",
                 hint="this architecture needs a newer transformers, or run it without a head",
             )
-        return cls(windows, per_type_masks=mixed)
+        return cls(windows, per_type_masks=mixed, layer_windows=layer_windows)
 
     @property
     def uniform_window(self) -> int | None:
@@ -86,11 +90,14 @@ class AttentionLayout:
     def tree_masks(
         self, tree: DraftTree, committed: int, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The additive tree mask for every layer: one tensor, or one per layer type."""
+        """The additive tree mask for every layer: one tensor, or one per layer type. A windowed
+        layer's mask covers only the keys its cache shows (kv.WindowedLayer)."""
         built: dict[int | None, torch.Tensor] = {}
         for window in self.windows.values():
             if window not in built:
-                built[window] = tree_attention_bias(tree, committed, dtype, device, window)
+                bias = tree_attention_bias(tree, committed, dtype, device, window)
+                hidden = committed - visible_keys(committed, window) if window else 0
+                built[window] = bias[..., hidden:]
         if not self.per_type_masks:
             return next(iter(built.values()))
         return {kind: built[window] for kind, window in self.windows.items()}

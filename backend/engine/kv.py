@@ -4,17 +4,59 @@ After a tree verification the cache holds ``committed + N`` entries, the last N 
 Only the root and the accepted path survive; their entries are not contiguous in the tree, so
 they are GATHERED into the slots right after the committed prefix (slicing would keep the
 wrong nodes' keys). The cache grows by concatenation, so long chats never overflow a buffer.
+
+Sliding-window layers keep their whole history too (so the same gather and cut work on them)
+but hand attention only the keys a new token can still see: a round then costs the same on a
+long chat as on a short one in those layers, instead of attending over the whole prefix
+through a mask that hides most of it.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
-def new_cache() -> DynamicCache:
-    """A growable cache with full-attention layers (sliding windows are applied by the mask)."""
-    return DynamicCache()
+class WindowedLayer(DynamicLayer):
+    """A sliding-window layer: stores every entry, shows attention the last ``window - 1`` entries
+    before the new tokens plus the new tokens. ``get_mask_sizes`` tells the model's own mask
+    builder the same, so masks and keys line up for plain steps and chains alike."""
+
+    is_sliding = True
+
+    def __init__(self, sliding_window: int) -> None:
+        super().__init__()
+        self.sliding_window = sliding_window
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states)
+        shown = visible_keys(keys.shape[-2] - key_states.shape[-2], self.sliding_window)
+        shown += key_states.shape[-2]
+        return keys[..., -shown:, :], values[..., -shown:, :]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        past = self.get_seq_length()
+        shown = visible_keys(past, self.sliding_window)
+        return shown + query_length, past - shown  # keys shown, position of the first
+
+
+def visible_keys(past: int, window: int) -> int:
+    """How many of ``past`` cached entries a window of ``window`` positions still shows to the
+    next token (and so to every deeper one that the window covers less)."""
+    return min(past, window - 1)
+
+
+def new_cache(layer_windows: tuple[int | None, ...] = ()) -> DynamicCache:
+    """A growable cache; layers with a window in ``layer_windows`` show attention only what
+    the window covers (no windows: full-attention layers, created as the model needs them)."""
+    cache = DynamicCache()
+    if any(layer_windows):
+        cache.layers = [WindowedLayer(w) if w else DynamicLayer() for w in layer_windows]
+        cache.layer_class_to_replicate = None
+    return cache
 
 
 def cache_length(cache: DynamicCache) -> int:

@@ -43,7 +43,7 @@ class TargetRunner:
         self._capture = FeatureCapture(model, feature_indices) if feature_indices else None
 
     def new_cache(self):
-        return kv.new_cache()
+        return kv.new_cache(self.layout.layer_windows)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, cache, with_features: bool) -> TargetStep:

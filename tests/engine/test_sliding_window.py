@@ -116,12 +116,37 @@ def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kin
     expected = hf_greedy(model, prompt, new_tokens)
     vanilla, _ = run(runner, drafter, prompt, mode="vanilla", max_new_tokens=new_tokens)
     assert list(vanilla.token_ids) == expected
-    for tree in (TreeConfig(total_tokens=12, depth=4, top_k=3), TreeConfig(shape="static")):
+    chain = TreeConfig(total_tokens=5, depth=4, top_k=1)  # the model's own masks
+    for tree in (TreeConfig(total_tokens=12, depth=4, top_k=3), TreeConfig(shape="static"), chain):
         eagle, rounds = run(
             runner, drafter, prompt, mode="eagle", max_new_tokens=new_tokens, tree=tree
         )
         assert list(eagle.token_ids) == expected, f"{name}/{kind}/{tree}"
         assert max(r.tree_size for r in rounds) > 1
+
+
+@pytest.mark.parametrize("name", list(SLIDING_CONFIGS))
+def test_windowed_layers_show_attention_only_their_window(name: str) -> None:
+    """Past the window, a sliding layer attends over window - 1 cached keys plus the new ones
+    (a round costs the same at any context length) while it keeps every entry for rollback."""
+    model, window = sliding_target(name)
+    runner, _ = make_runner(model)
+    cache = runner.new_cache()
+    prefix = random_prompt(3 * window, seed=4)
+    runner.prefill(torch.tensor(prefix), cache, with_features=False)
+    windows = runner.layout.layer_windows
+    assert len(windows) == len(cache.layers) == model.config.num_hidden_layers
+    for layer, layer_window in zip(cache.layers, windows, strict=True):
+        new = torch.zeros_like(layer.keys[..., :5, :])
+        keys, _ = layer.update(new, new)
+        past = len(prefix) + 5
+        assert layer.get_seq_length() == past  # every entry kept
+        if layer_window:
+            assert keys.shape[-2] == layer_window - 1 + 5
+            assert layer.get_mask_sizes(1) == (layer_window, past - (layer_window - 1))
+        else:
+            assert keys.shape[-2] == past and layer.get_mask_sizes(1) == (past + 1, 0)
+    assert any(windows), "every config here has sliding layers"
 
 
 def test_a_window_blind_mask_is_caught(monkeypatch) -> None:
