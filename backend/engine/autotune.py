@@ -277,6 +277,7 @@ class TreePolicy:
     probe_gap: int = FIRST_PROBE_AFTER
     rounds_since_scout: int = 0
     scouts: int = 0
+    observed_levels: int = 0  # depths whose outcome some round has shown (the rest are guessed)
     _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
 
     def __post_init__(self) -> None:
@@ -394,6 +395,9 @@ class TreePolicy:
             replayed = self.chain_replay(tree, accepted) if tree.top_k == 1 else {tree: accepted}
         reference = 1.0 + min(accepted, 1)  # what one draft would have given this round
         fade = 1.0 - 1.0 / REPLAY_WINDOW
+        for shape in self.measured.keys() - replayed.keys():  # not seen this round: its
+            tokens, ref_sum, weight = self.measured[shape]  # replays grow stale, the model
+            self.measured[shape] = (fade * tokens, fade * ref_sum, fade * weight)  # takes over
         for shape, drafts in replayed.items():
             tokens, ref_sum, weight = self.measured.get(shape, (0.0, 0.0, 0.0))
             self.measured[shape] = (
@@ -435,10 +439,13 @@ class TreePolicy:
                 wrong = fade * wrong + (extra if rank is None else extra - 1)
                 tried = fade * tried + extra
         self.tail = (wrong, tried)
+        self.observed_levels = max(self.observed_levels, len(outcomes))
         if deepest:  # the whole depth was accepted: deeper may well pay too
             self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon
             top = self.rates[min(depth, len(self.rates)) - 1]
-            for level in range(depth, len(self.rates)):
+            # only depths never observed are guessed from the last one; an observed depth keeps
+            # what it showed (else every full round would revive a depth where drafts fail)
+            for level in range(max(depth, self.observed_levels), len(self.rates)):
                 self.rates[level] = max(self.rates[level], top)
 
 

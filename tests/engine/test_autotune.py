@@ -262,3 +262,41 @@ def test_real_round_times_correct_the_calibrated_costs() -> None:
     )
     policy.observe_time(tree, 100.0)  # a stall counts as at most 4x
     assert policy.round_s(tree) <= 4.0 * CPU_LIKE.round_s(tree)
+
+
+def test_full_rounds_do_not_keep_reviving_a_depth_where_drafts_fail() -> None:
+    """A head right up to depth 6 and never beyond (trained on 6-step unrolls): after deeper
+    shapes were seen to fail at depth 7, full depth-6 rounds must not raise the depth-7 rate
+    again (extrapolation is for depths never observed), so depth 7 is not chosen. Flat (GPU)
+    costs make deep trees cheap enough to tempt."""
+    policy = TreePolicy(GPU_LIKE)
+    rng = random.Random(3)
+    deep_rounds = scouts_before = 0
+    for index in range(400):
+        shape = policy.choose() or LADDER[0]
+        ranks = [0 if rng.random() < 0.95 else 1 for _ in range(6)] + [99, 99]
+        accepted, width = accepted_in(shape, ranks), guesses(shape)
+        outcomes = [(ranks[d], width) for d in range(accepted)]
+        outcomes += [(None, width)] if accepted < shape.depth else []
+        replayed = {s: accepted_in(s, ranks) for s in policy.covered_shapes(shape)}
+        policy.observe(shape, accepted, replayed, outcomes)
+        deep_rounds += index >= 200 and shape.depth > 6
+        scouts_before = policy.scouts if index == 199 else scouts_before
+    assert policy.rates[6] < 0.5  # what depth 7 showed, not the depth-6 rate copied down
+    assert policy.best_tree().depth <= 6
+    assert deep_rounds <= policy.scouts - scouts_before  # only scouts look deeper
+
+
+def test_replays_of_a_shape_no_longer_verified_grow_stale() -> None:
+    """A few unlucky early rounds of a deep chain must not pin its estimate once the text has
+    changed: replays of shapes nothing verifies any more fade, and the per-depth model (which
+    every round keeps current) takes over."""
+    policy = TreePolicy(CPU_LIKE)
+    chain6, chain3 = (TreeConfig(total_tokens=d + 1, depth=d, top_k=1) for d in (6, 3))
+    for _ in range(3):
+        policy.observe(chain6, 0)  # early: nothing accepted
+    stuck = policy.expected_tokens(chain6)
+    for _ in range(120):
+        policy.observe(chain3, 3)  # later: every draft of the shorter chain accepted
+    assert stuck < 2.0
+    assert policy.expected_tokens(chain6) > 0.9 * policy.modelled_tokens(chain6) > 4.0
