@@ -254,6 +254,12 @@ def _run_facts(result: BenchResult) -> list[str]:
             "device memory peak "
             + ", ".join(f"{label(m)} {v / 2**30:.2f} GiB" for m, v in peaks.items() if v)
         )
+    if s.get("first_message_tok_s") and s.get("second_message_tok_s"):
+        first, second = s["first_message_tok_s"], s["second_message_tok_s"]
+        facts.append(
+            f"first EAGLE reply after load {first:.1f} tok/s, the same reply next "
+            f"{second:.1f} tok/s ({first / second:.0%})"
+        )
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
     return lines

@@ -201,6 +201,7 @@ def run_bench(
         )
         for p in prompts
     ]
+    first = _first_messages(pair, encoded[0], spec)  # before anything else has run
     _warm_up(pair, encoded[0], spec)
     seeds = max(1, spec.seeds) if spec.temperature > 0 else 1
     results: list[PromptResult] = []
@@ -241,8 +242,22 @@ def run_bench(
         "calibration_s": round(pair.calibration_s, 2),
         "peak_rss_bytes": peak_rss_bytes(),
         "readout": "rows-first" if pair.fast_readout else "stock",
+        **first,
     }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
+
+
+def _first_messages(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> dict[str, float]:
+    """Tokens/s of the very first EAGLE reply after load and of the same reply right after:
+    whatever the first one pays once (tree costs, first calls) shows as the gap."""
+    if "eagle" not in spec.methods:
+        return {}
+    config = GenerationConfig(mode="eagle", max_new_tokens=spec.max_new_tokens, tree=spec.tree)
+    speeds = []
+    for _ in range(2):
+        run = run_engine(pair, ids, config)
+        speeds.append(run.new_tokens / run.seconds if run.seconds > 0 else 0.0)
+    return {"first_message_tok_s": round(speeds[0], 2), "second_message_tok_s": round(speeds[1], 2)}
 
 
 def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> None:
