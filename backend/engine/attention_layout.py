@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from backend.engine.kv import visible_keys
 from backend.engine.tree import DraftTree, tree_attention_bias
 from backend.errors import IncompatibleHeadError
 
@@ -95,9 +94,7 @@ class AttentionLayout:
         built: dict[int | None, torch.Tensor] = {}
         for window in self.windows.values():
             if window not in built:
-                bias = tree_attention_bias(tree, committed, dtype, device, window)
-                hidden = committed - visible_keys(committed, window) if window else 0
-                built[window] = bias[..., hidden:]
+                built[window] = tree_attention_bias(tree, committed, dtype, device, window)
         if not self.per_type_masks:
             return next(iter(built.values()))
         return {kind: built[window] for kind, window in self.windows.items()}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.engine.kv import visible_keys
+
 # EAGLE-1's static tree: 25 drafted nodes + root, depth 5, widths 4/8/8/3/2. Each path lists
 # the top-k rank chosen at every level below the root.
 EAGLE1_STATIC_PATHS: tuple[tuple[int, ...], ...] = (
@@ -140,21 +142,25 @@ def tree_attention_bias(
     device: torch.device,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """[1, 1, N, committed + N] float additive mask: 0 where a node may attend, finfo.min elsewhere.
+    """[1, 1, N, K + N] float additive mask: 0 where a node may attend, finfo.min elsewhere.
 
+    K = committed, or with a sliding window only the last ``window - 1`` committed keys (what a
+    windowed cache layer shows attention), so the mask is never as wide as a long prefix.
     A float mask (not bool) is used because it is exact with both sdpa and eager attention.
     """
     size = tree.size
     neg = torch.finfo(dtype).min
-    allowed = torch.ones(size, committed + size, dtype=torch.bool, device=device)
-    allowed[:, committed:] = tree.ancestors.to(device)
+    first = committed - visible_keys(committed, sliding_window) if sliding_window else 0
+    shown = committed - first
+    allowed = torch.ones(size, shown + size, dtype=torch.bool, device=device)
+    allowed[:, shown:] = tree.ancestors.to(device)
     if sliding_window is not None:
         # Positions, not slots: a tree key sits at committed + its depth.
         depths = tree.depths.to(device)
         query_pos = committed + depths[:, None]
-        key_pos = torch.cat([torch.arange(committed, device=device), committed + depths])
+        key_pos = torch.cat([torch.arange(first, committed, device=device), committed + depths])
         allowed &= (query_pos - key_pos[None, :]) < sliding_window
-    bias = torch.zeros(size, committed + size, dtype=dtype, device=device)
+    bias = torch.zeros(size, shown + size, dtype=dtype, device=device)
     bias.masked_fill_(~allowed, neg)
     return bias[None, None]
 
