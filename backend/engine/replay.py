@@ -60,4 +60,4 @@ def replay_accepted(
     place.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
     kept = eligible & (place < limits[:, 0:1])
     reached = torch.where(kept & right_path[None, :], depths[None, :], 0)
-    return reached.max(dim=1).values.tolist()
+    return reached.amax(dim=1).tolist()  # amax: max(dim) takes a slow parallel path on CPUs
