@@ -23,10 +23,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        # in float32 whatever the dtype; one fused op (drafting runs several norms per step)
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def rope_inverse_frequencies(config: HeadConfig) -> torch.Tensor:
@@ -110,14 +109,12 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, 0)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
         if attn_bias is None and q_len > 1:
             attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
         mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # grouped KV heads are shared inside the kernel instead of copied per query head
+        grouped = self.num_heads != self.num_kv_heads
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
         return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
 
 
