@@ -3,6 +3,7 @@
 python launch.py bench --pair demo --out bench-results/demo-cpu
 python launch.py bench --target PATH --head PATH --prompts ../shared/bench/mt_bench.jsonl
 python launch.py bench --synthetic 8b --total-tokens 60 --depth 6 --top-k 10 --limit 5   # GPU costs
+python launch.py bench --synthetic small --perfect-drafts --prompt-tokens 32 1536 --limit 3
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(SHAPES),
         help="random-weight Llama target + EAGLE-3 head of this shape (tiny, 1b, 8b): measures "
         "per-round costs where no trained pair of that size is at hand; the speedup is meaningless",
+    )
+    parser.add_argument(
+        "--perfect-drafts",
+        action="store_true",
+        help="with --synthetic: target and head always choose the same token, so every draft "
+        "is accepted; the speedup then shows round costs alone (e.g. over --prompt-tokens)",
     )
     parser.add_argument(
         "--prompts",
@@ -105,7 +112,9 @@ def parse_tree(text: str) -> TreeConfig:
 def run(args: argparse.Namespace) -> int:
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="eaglechat-synthetic-") as scratch:
-            target, head = write_synthetic_pair(args.synthetic, Path(scratch))
+            target, head = write_synthetic_pair(
+                args.synthetic, Path(scratch), perfect=args.perfect_drafts
+            )
             return _run(args, str(target), str(head))
     if args.pair:
         spec = find_pair(args.pair)

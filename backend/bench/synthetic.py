@@ -6,6 +6,11 @@ measures is the cost side: verification of 1..60 tokens and one head step relati
 plain decoding step, and (with a fixed tree) the time a round spends drafting, verifying and
 in bookkeeping. The demo pair's tokenizer supplies prompts; its ids are a subset of the
 synthetic vocabulary.
+
+With ``perfect=True`` (``bench --perfect-drafts``) the final norms of target and head are
+zeroed: every logit is 0, so both always choose token 0 and every draft is accepted, while
+every layer still computes as before. The speedup then measures round costs alone at a fixed
+acceptance, e.g. across prompt lengths (``--prompt-tokens``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_TARGET = ROOT / "assets" / "demo" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
-# Llama-family shapes: tiny (tests, CPU), Llama-3.2-1B and Llama-3.1-8B.
+# Llama-family shapes: tiny (tests), small (CPU benches, about 100M parameters), Llama-3.2-1B and
+# Llama-3.1-8B.
 SHAPES: dict[str, dict[str, int]] = {
     "tiny": dict(
         hidden_size=64,
@@ -36,6 +42,14 @@ SHAPES: dict[str, dict[str, int]] = {
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=4096,
+    ),
+    "small": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        vocab_size=32000,
     ),
     "1b": dict(
         hidden_size=2048,
@@ -75,10 +89,15 @@ def synthetic_config(shape: str):
 
 @torch.no_grad()
 def write_synthetic_pair(
-    shape: str, folder: Path, seed: int = 0, dtype: torch.dtype | None = None
+    shape: str,
+    folder: Path,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    perfect: bool = False,
 ) -> tuple[Path, Path]:
     """Save a random target (``dtype``; default bfloat16 on GPUs, float32 on CPUs) and a random
-    EAGLE-3 head; returns (target_dir, head_dir) for the normal loader."""
+    EAGLE-3 head, both always choosing token 0 if ``perfect``; returns (target_dir, head_dir)
+    for the normal loader."""
     from transformers import AutoModelForCausalLM
 
     config = synthetic_config(shape)
@@ -89,6 +108,8 @@ def write_synthetic_pair(
     # Built where it runs and directly in its dtype: a float32 copy first would double the peak.
     with device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    if perfect:
+        model.get_decoder().norm.weight.zero_()
     target_dir, head_dir = folder / "target", folder / "head"
     model.save_pretrained(target_dir)
     for name in TOKENIZER_FILES:
@@ -102,6 +123,8 @@ def write_synthetic_pair(
         head.d2t.zero_()
         head.t2d.zero_()
         head.t2d[:draft_vocab] = True
+    if perfect:
+        head.norm.weight.zero_()
     save_head(head, head_dir)
     return target_dir, head_dir
 

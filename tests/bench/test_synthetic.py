@@ -19,7 +19,7 @@ def test_real_shapes_have_their_parameter_counts() -> None:
         with torch.device("meta"):
             count = LlamaForCausalLM(config).num_parameters()
         assert abs(count - expected) / expected < 0.01, (shape, count)
-    assert set(SHAPES) == {"tiny", "1b", "8b"}
+    assert set(SHAPES) == {"tiny", "small", "1b", "8b"}
 
 
 def test_tiny_synthetic_pair_loads_and_stays_lossless(tmp_path) -> None:
@@ -35,6 +35,21 @@ def test_tiny_synthetic_pair_loads_and_stays_lossless(tmp_path) -> None:
         events = list(pair.engine.generate(ids, config))
         outputs[mode] = next(e for e in events if isinstance(e, Finished)).summary.token_ids
     assert outputs["eagle"] == outputs["vanilla"] and len(outputs["vanilla"]) >= 1
+
+
+def test_perfect_drafts_are_all_accepted_and_the_random_ones_are_not(tmp_path) -> None:
+    """With --perfect-drafts every round of a chain accepts its whole depth (tau = depth + 1);
+    the same shapes with their norms left random accept almost nothing."""
+    chain = TreeConfig(total_tokens=5, depth=4, top_k=1)
+    config = GenerationConfig(max_new_tokens=21, tree=chain, stop_on_eos=False)
+    tau = {}
+    for perfect in (True, False):
+        target, head = write_synthetic_pair("tiny", tmp_path / str(perfect), perfect=perfect)
+        pair = load_pair(LoadConfig(target=str(target), head=str(head)))
+        events = list(pair.engine.generate([1, 5, 9, 300, 4000], config))
+        summary = next(e for e in events if isinstance(e, Finished)).summary
+        tau[perfect] = (len(summary.token_ids) - 1) / summary.rounds
+    assert tau[True] == 5.0 and tau[False] < 2.0
 
 
 def test_synthetic_target_is_built_in_its_dtype_without_a_float32_copy(tmp_path) -> None:
