@@ -122,13 +122,13 @@ class LoadConfig:
     trust_remote_code: bool = False
     gguf_file: str | None = None  # a .gguf file inside the target folder or Hub repo
     prompt_format: PromptFormat = "auto"  # auto = the chat template if any, else plain text
-    # CPU output projection over several rows: "auto" = the faster form as timed at load,
-    # "stock" = F.linear always, "rows-first" = always (see backend/engine/readout.py)
+    # CPU output projections (target readout, head lm_head): "auto" = the fastest form per row
+    # count as timed at load, or one form forced (see backend/engine/readout.py)
     readout: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.readout not in ("auto", "stock", "rows-first"):
-            raise ConfigError(f"readout must be auto|stock|rows-first, got {self.readout!r}")
+        if self.readout not in ("auto", "stock", "rows-first", "packed"):
+            raise ConfigError(f"readout must be auto|stock|rows-first|packed, got {self.readout!r}")
         if not self.target:
             raise ConfigError("a target model (path or Hub id) is required")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.bench.runner import METHODS, BenchResult, MethodRun
-from backend.engine.autotune import CostModel
+from backend.engine.calibration import CostModel
 from backend.engine.stats import slow_reasons
 from backend.events import acceptance_per_depth, average_acceptance_length
 

@@ -18,7 +18,7 @@ import torch
 
 from backend.bench.prompts import BenchPrompt
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
-from backend.engine.autotune import CostModel
+from backend.engine.calibration import CostModel
 from backend.engine.device import hardware_name
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import LoadedPair
@@ -241,7 +241,7 @@ def run_bench(
         "prompt_tokens_min": min(map(len, encoded), default=0),
         "calibration_s": round(pair.calibration_s, 2),
         "peak_rss_bytes": peak_rss_bytes(),
-        "readout": "rows-first" if pair.fast_readout else "stock",
+        "readout": pair.readout_forms,
         **first,
     }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)

@@ -1,8 +1,8 @@
 """Tree-size choice from measured costs and measured acceptance (issue: speed on every device).
 
 Expected speed of a tree shape = expected tokens per round / expected seconds per round, where
-- seconds per round = target forward over N tree nodes (timed on this device at first use)
-  + D head steps (timed) ;
+- seconds per round = the shape's whole round as timed at load (calibration.py), corrected by
+  how long its real rounds take;
 - tokens per round = 1 + sum_{d=1..D} prod_{j<=d} r_j, with r_j the conditional acceptance
   rate at depth j (exponential moving average over recent rounds), adjusted for tree width.
 Plain decoding (no drafting) is one of the candidates: when drafts keep failing (a head that
@@ -14,16 +14,10 @@ is nearly flat and large trees win: the same rule picks both from the timings.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator
 from dataclasses import dataclass, field
 
-import torch
-
 from backend.config import TreeConfig
-from backend.engine import kv
-from backend.engine.device import device_sync
-from backend.engine.progress import drain
+from backend.engine.calibration import CostModel
 from backend.engine.replay import covers, replay_accepted
 from backend.engine.tree import DraftTree
 from backend.engine.verify import Acceptance
@@ -58,7 +52,6 @@ LADDER: tuple[TreeConfig, ...] = tuple(
 SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=d + 1, depth=d, top_k=1) for d in range(1, 9)
 )
-MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
 EMA = 0.15  # weight of the newest round in the acceptance estimates
 PRIOR_TAIL = 0.5  # chance the next guess is right once the earlier ones failed, assumed
@@ -67,157 +60,6 @@ MAX_PROBE_GAP = 64
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
-
-
-@dataclass(frozen=True, slots=True)
-class CostModel:
-    """Seconds per target forward by number of verified tokens (a branching tree, which needs a
-    tree mask, and a chain, which is plain causal attention), and per head draft step (of a
-    branching tree, and of a top-1 chain, which skips the tree bookkeeping)."""
-
-    verify_s: dict[int, float]
-    draft_step_s: float
-    chain_step_s: float = 0.0  # 0 = same as draft_step_s
-    chain_verify_s: dict[int, float] = field(default_factory=dict)  # empty = same as verify_s
-
-    def verify(self, size: int, chain: bool = False) -> float:
-        table = self.chain_verify_s if chain and self.chain_verify_s else self.verify_s
-        sizes = sorted(table)
-        for known in sizes:
-            if known >= size:
-                return table[known]
-        return table[sizes[-1]] * size / sizes[-1]
-
-    def round_s(self, tree: TreeConfig | None) -> float:
-        if tree is None:
-            return self.verify(1)
-        chain = tree.top_k == 1
-        return self.verify(tree.total_tokens, chain) + tree.depth * self.step_s(chain)
-
-    def step_s(self, chain: bool) -> float:
-        """One head step, in a top-1 chain or in a branching tree."""
-        if chain and self.chain_step_s > 0:
-            return self.chain_step_s
-        return self.draft_step_s
-
-    def verify_ratio(self, size: int, chain: bool = False) -> float:
-        """Cost of verifying ``size`` tokens relative to one plain step."""
-        return self.verify(size, chain) / self.verify(1)
-
-    def to_json(self) -> dict:
-        return {
-            "verify_s": {str(n): s for n, s in self.verify_s.items()},
-            "chain_verify_s": {str(n): s for n, s in self.chain_verify_s.items()},
-            "draft_step_s": self.draft_step_s,
-            "chain_step_s": self.chain_step_s,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> CostModel:
-        return cls(
-            verify_s={int(n): float(s) for n, s in data["verify_s"].items()},
-            chain_verify_s={int(n): float(s) for n, s in data.get("chain_verify_s", {}).items()},
-            draft_step_s=float(data["draft_step_s"]),
-            chain_step_s=float(data.get("chain_step_s", 0.0)),
-        )
-
-
-CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
-
-
-def calibration_steps(has_drafter: bool) -> int:
-    """How many measurements ``calibrate`` reports progress for."""
-    return 2 * len(MEASURED_SIZES) + (2 if has_drafter else 0)
-
-
-def calibrate(
-    runner, drafter, context: int = CALIBRATION_CONTEXT, repeats: int = 5
-) -> Generator[int, None, CostModel]:
-    """Time target forwards of each candidate width (branching trees and chains) and one head
-    step on this device, yielding the number of measurements done after each one.
-
-    One prefill serves every timing: after each forward the cache is cut back to the prompt.
-    The minimum over repeats is kept (other processes only ever add time), and costs are made
-    non-decreasing in the number of tokens."""
-    prompt = torch.zeros(context, dtype=torch.long)
-    verify_s: dict[int, float] = {}
-    chain_verify_s: dict[int, float] = {}
-    done = 0
-    with torch.inference_mode():
-        cache = runner.new_cache()
-        runner.prefill(prompt, cache, with_features=False)
-        for size in MEASURED_SIZES:
-            for table, tree in ((verify_s, _branching(size)), (chain_verify_s, _chain(size))):
-                table[size] = _time_verify(runner, cache, tree, repeats)
-                done += 1
-                yield done
-        draft_step_s = chain_step_s = 0.0
-        if drafter is not None:
-            draft_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=2)
-            yield done + 1
-            chain_step_s = _time_head_step(runner, drafter, prompt, repeats, top_k=1)
-            yield done + 2
-    return CostModel(
-        verify_s=_non_decreasing(verify_s),
-        chain_verify_s=_non_decreasing(chain_verify_s),
-        draft_step_s=draft_step_s,
-        chain_step_s=chain_step_s,
-    )
-
-
-def measure_costs(
-    runner, drafter, context: int = CALIBRATION_CONTEXT, repeats: int = 5
-) -> CostModel:
-    """``calibrate`` run to its end (callers that show no progress)."""
-    return drain(calibrate(runner, drafter, context, repeats))
-
-
-def _branching(size: int) -> DraftTree:
-    """A binary tree of ``size`` nodes: the attention-mask path that top-k trees take."""
-    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, size)])
-    return DraftTree.from_parents(torch.zeros(size, dtype=torch.long), parents)
-
-
-def _chain(size: int) -> DraftTree:
-    return DraftTree.chain(torch.zeros(size, dtype=torch.long))
-
-
-def _time_verify(runner, cache, tree: DraftTree, repeats: int) -> float:
-    committed = kv.cache_length(cache)
-    samples = []
-    for _ in range(repeats):
-        device_sync(runner.device)
-        start = time.perf_counter()
-        runner.verify(tree, cache, with_features=True)
-        device_sync(runner.device)
-        samples.append(time.perf_counter() - start)
-        kv.truncate(cache, committed)
-    return min(samples)
-
-
-def _non_decreasing(costs: dict[int, float]) -> dict[int, float]:
-    """More tokens never cost less: smooth out timer noise."""
-    running, smooth = 0.0, {}
-    for size in sorted(costs):
-        running = max(running, costs[size])
-        smooth[size] = running
-    return smooth
-
-
-def _time_head_step(runner, drafter, prompt: torch.Tensor, repeats: int, top_k: int) -> float:
-    cache = runner.new_cache()
-    step = runner.prefill(prompt, cache, with_features=True)
-    tree = TreeConfig(total_tokens=1 + 4 * top_k, depth=4, top_k=top_k)
-    samples = []
-    for _ in range(repeats):
-        drafter.begin(prompt, 0, step.features)
-        drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
-        device_sync(runner.device)
-        start = time.perf_counter()
-        drafter.propose(0, tree)
-        device_sync(runner.device)
-        samples.append((time.perf_counter() - start) / 4)
-    return min(samples)
 
 
 _UNKNOWN = object()

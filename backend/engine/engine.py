@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.config import GenerationConfig
-from backend.engine.autotune import CostModel, TreePolicy, measure_costs
+from backend.engine.autotune import LADDER, TreePolicy
+from backend.engine.calibration import CostModel, measure_costs
 from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
 from backend.engine.stopping import ReplyText, StopSpec
@@ -46,7 +47,7 @@ class Engine:
         """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
         timed here, once, only for an engine built by hand. None without a drafter."""
         if self.costs is None and self.drafter is not None:
-            self.costs = measure_costs(self.runner, self.drafter)
+            self.costs = measure_costs(self.runner, self.drafter, LADDER)
         return self.costs
 
     def tree_policy(self, sampled: bool = False) -> TreePolicy | None:

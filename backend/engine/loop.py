@@ -21,7 +21,8 @@ import torch
 
 from backend.config import GenerationConfig, TreeConfig
 from backend.engine import kv
-from backend.engine.autotune import CostModel, TreePolicy
+from backend.engine.autotune import TreePolicy
+from backend.engine.calibration import CostModel
 from backend.engine.device import now
 from backend.engine.drafter import Drafter
 from backend.engine.sampling import make_generator, next_token

@@ -1,37 +1,70 @@
-"""A faster CPU path for the target's output projection over a few rows (tree verification).
+"""Faster CPU forms of the output projections (the target's readout, the head's lm_head).
 
-On CPUs, ``F.linear`` over a handful of rows and a large vocabulary can cost several times its
-one-row cost, while the same product computed as ``weight @ x.T`` streams the weight once for
-all rows. Verification multiplies 2-60 rows by the readout on every round, plain decoding one:
-the rows-first form is what makes verifying a small tree cost about one step on such models.
-
-The swap replaces only the ``forward`` of the model's own ``nn.Linear`` instance (as quantizers
-replace layers at load), so the model stays a stock transformers model with the same weights;
-one-row products keep ``F.linear``. It is applied only where a timing at load shows it pays.
+On CPUs the stock ``F.linear`` of a large vocabulary can cost several times its one-row cost as
+soon as a few rows come in (verification multiplies 2-60 rows on every round, a draft-tree
+level several), because the library re-packs the whole weight for every call. Two other forms
+compute the same product:
+- rows-first: ``(weight @ x.T).T`` streams the weight once for all rows;
+- packed: the weight is re-laid out once at load in oneDNN's blocked format (an extra copy of
+  the matrix in memory) and multiplied with no per-call packing.
+Which form is fastest depends on the machine and the shape, and differs between one row (plain
+decoding, chains) and several (trees), so each projection gets the fastest form per case, timed
+at load. The swap replaces only the ``forward`` of the model's own ``nn.Linear`` instance (as
+quantizers replace layers at load): the model stays a stock transformers model with the same
+weights, and with gradients on (training) the stock form always runs.
 """
 
 from __future__ import annotations
 
 import time
 import types
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-TIMING_ROWS = 8  # rows timed when deciding, a typical verified tree
-MIN_GAIN = 1.15  # the rows-first product must be at least this much faster to be used
+# Rows timed per case: one row, and the row counts of tree levels and verified trees (summed:
+# the library's speed jumps between neighbouring counts).
+TIMING_ROWS = {False: (1,), True: (2, 3, 4, 8, 16)}
+TIMING_BUDGET_S = 0.01  # per form and row count, beyond three calls
+MIN_GAIN = 1.15  # another form must be at least this much faster than F.linear to be used
+FORMS = ("stock", "rows-first", "packed")
+
+
+def stock_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, self.weight, self.bias)
 
 
 def rows_first_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear`` computed as ``(weight @ x.T).T`` when more than one row comes in."""
+    """``F.linear`` computed as ``(weight @ x.T).T``."""
     rows = x.numel() // x.shape[-1]
-    if rows < 2:
-        return F.linear(x, self.weight, self.bias)
     out = (self.weight @ x.reshape(rows, x.shape[-1]).T).T
     if self.bias is not None:
         out = out + self.bias
     return out.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` against the weight packed once at load (``self.packed_weight``)."""
+    rows = x.numel() // x.shape[-1]
+    flat = x.reshape(rows, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+_FORWARDS: dict[str, Callable] = {
+    "stock": stock_forward,
+    "rows-first": rows_first_forward,
+    "packed": packed_forward,
+}
+
+
+def forward_by_rows(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The form chosen for one row or for several; the stock one while gradients are on."""
+    if torch.is_grad_enabled():
+        return F.linear(x, self.weight, self.bias)
+    return self.forms[x.numel() > x.shape[-1]](self, x)
 
 
 def swappable(linear: nn.Module) -> bool:
@@ -44,36 +77,84 @@ def swappable(linear: nn.Module) -> bool:
     )
 
 
-def time_both(linear: nn.Linear, repeats: int = 3) -> tuple[float, float]:
-    """Best-of-``repeats`` seconds of ``F.linear`` and of the rows-first form on TIMING_ROWS."""
-    x = torch.randn(TIMING_ROWS, linear.in_features, dtype=linear.weight.dtype)
-    stock, rows_first = [], []
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            F.linear(x, linear.weight, linear.bias)
-            stock.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            rows_first_forward(linear, x)
-            rows_first.append(time.perf_counter() - start)
-    return min(stock), min(rows_first)
-
-
-def speed_up_readout(model: nn.Module, force: bool | None = None) -> bool:
-    """Give the model's output projection the rows-first forward if it pays on this machine
-    (``force`` True/False skips the timing). Returns whether it was applied."""
-    linear = model.get_output_embeddings()
-    if linear is None or not swappable(linear):
+def _pack(linear: nn.Linear) -> bool:
+    """Give ``linear`` its packed weight; False where this torch build cannot pack it."""
+    if getattr(linear, "packed_weight", None) is not None:
+        return True
+    try:
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+            x = torch.zeros(2, linear.in_features, dtype=linear.weight.dtype)
+            torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+    except (RuntimeError, AttributeError):
         return False
-    if force is None:
-        stock, rows_first = time_both(linear)
-        force = stock > MIN_GAIN * rows_first
-    if force:
-        linear.forward = types.MethodType(rows_first_forward, linear)
-    return force
+    linear.packed_weight = packed
+    return True
 
 
-def uses_rows_first(model: nn.Module) -> bool:
-    linear = model.get_output_embeddings()
-    forward = getattr(linear, "forward", None)
-    return getattr(forward, "__func__", None) is rows_first_forward
+def time_forms(linear: nn.Linear, many: bool) -> dict[str, float]:
+    """Seconds of each form on one row (``many`` False) or summed over the TIMING_ROWS counts;
+    each the best of several calls after an untimed first one (small products are timed more
+    often: microseconds are noisy)."""
+    forms = [
+        f for f in FORMS if f != "packed" or getattr(linear, "packed_weight", None) is not None
+    ]
+    seconds = dict.fromkeys(forms, 0.0)
+    with torch.inference_mode():
+        for rows in TIMING_ROWS[many]:
+            x = torch.randn(rows, linear.in_features, dtype=linear.weight.dtype)
+            for form in forms:
+                _FORWARDS[form](linear, x)
+                best, spent, calls = float("inf"), 0.0, 0
+                while calls < 3 or (spent < TIMING_BUDGET_S and calls < 50):
+                    start = time.perf_counter()
+                    _FORWARDS[form](linear, x)
+                    took = time.perf_counter() - start
+                    best, spent, calls = min(best, took), spent + took, calls + 1
+                seconds[form] += best
+    return seconds
+
+
+def choose_forms(linear: nn.Linear, force: str | None = None) -> dict[bool, str]:
+    """The form for one row and for several: ``force`` (stock, rows-first, packed) or the
+    fastest by timing, kept only if it beats the stock form by MIN_GAIN. Rows-first is never
+    forced on one row, where it is the stock product."""
+    if force == "packed" and not _pack(linear):
+        force = "stock"
+    if force is not None:
+        return {False: "stock" if force == "rows-first" else force, True: force}
+    _pack(linear)
+    chosen = {}
+    for many in (False, True):
+        seconds = time_forms(linear, many)
+        best = min(seconds, key=seconds.get)
+        chosen[many] = best if seconds["stock"] > MIN_GAIN * seconds[best] else "stock"
+    if "packed" not in chosen.values():
+        linear.packed_weight = None  # no extra copy kept for nothing
+    return chosen
+
+
+def speed_up(linear: nn.Module | None, force: str | None = None) -> str:
+    """Give ``linear`` the fastest form per row count (see ``choose_forms``); returns a label
+    such as ``"1 row: stock, more: packed"`` ("stock" when nothing changed or it cannot)."""
+    if linear is None or not swappable(linear):
+        return "stock"
+    forms = choose_forms(linear, force)
+    if set(forms.values()) == {"stock"}:
+        return "stock"
+    linear.forms = {many: _FORWARDS[form] for many, form in forms.items()}
+    linear.forward = types.MethodType(forward_by_rows, linear)
+    return f"1 row: {forms[False]}, more: {forms[True]}"
+
+
+def speed_up_readout(model: nn.Module, force: str | None = None) -> str:
+    """``speed_up`` for the model's output projection."""
+    return speed_up(model.get_output_embeddings(), force)
+
+
+def form_of(linear: nn.Module, many: bool) -> str:
+    """The form ``linear`` runs for one row or several."""
+    forms = getattr(linear, "forms", None)
+    if getattr(linear.forward, "__func__", None) is not forward_by_rows or forms is None:
+        return "stock"
+    return next(name for name, fn in _FORWARDS.items() if fn is forms[many])

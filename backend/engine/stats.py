@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from backend.engine.autotune import CostModel
+from backend.engine.calibration import CostModel
 from backend.events import (
     GenerationSummary,
     StopReason,

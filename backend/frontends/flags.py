@@ -69,9 +69,10 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--top-k": {"type": int, "help": f"tree branching (e.g. {_TREE.top_k})"},
     "--tree-shape": {"choices": ["dynamic", "static"], "default": _TREE.shape},
     "--readout": {
-        "choices": ["auto", "stock", "rows-first"],
+        "choices": ["auto", "stock", "rows-first", "packed"],
         "default": "auto",
-        "help": "CPU output projection over several rows: timed at load (auto) or forced, for A/B",
+        "help": "CPU output projections (target readout, head lm_head): the fastest form per row "
+        "count as timed at load (auto) or one forced, for A/B",
     },
 }
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from backend.engine.autotune import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
+from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
 from backend.engine.device import hardware_name
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 2  # bump when what calibrate() measures changes
+COST_FORMAT = 4  # bump when what calibrate() measures changes
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
@@ -49,7 +49,7 @@ def calibration_key(
     device: torch.device,
     dtype: str,
     quantization: str,
-    readout: bool = False,
+    readout: str = "stock",
 ) -> dict:
     """Everything a measured cost depends on, as a JSON-ready dict."""
     return {
@@ -59,7 +59,7 @@ def calibration_key(
         "device": hardware_name(device),
         "dtype": dtype,
         "quantization": quantization,
-        "rows_first_readout": readout,
+        "readout": readout,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "context": CALIBRATION_CONTEXT,

@@ -24,12 +24,13 @@ import torch
 
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
-from backend.engine.autotune import CostModel, calibrate, calibration_steps
+from backend.engine.autotune import LADDER
+from backend.engine.calibration import CostModel, calibrate, calibration_steps
 from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.progress import drain, relay
-from backend.engine.readout import speed_up_readout, uses_rows_first
+from backend.engine.readout import speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
@@ -59,7 +60,7 @@ class LoadedPair:
     info: PairInfo
     prompt_format: str = "auto"  # see backend/services/prompting.py
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
-    fast_readout: bool = False  # the output projection uses the rows-first CPU form
+    readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
 
 
 @dataclass
@@ -156,17 +157,22 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
-    choice = {"auto": None, "stock": False, "rows-first": True}[config.readout]
-    fast_readout = speed_up_readout(model, force=choice)
+    force = None if config.readout == "auto" else config.readout
+    readout_forms = speed_up_readout(model, force)
     head, drafter = prepared.head, None
     if head is not None:
         head, drafter = bind_head(model, head, dtype)
+        own = getattr(head, "lm_head", None)  # EAGLE-1/2 heads borrow the target's
+        if own is not None and own is not model.get_output_embeddings():
+            readout_forms += f"; head: {speed_up(own, force)}"
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
-        costs, calibration_s = yield from calibrate_pair(prepared, runner, drafter, dtype_name)
+        costs, calibration_s = yield from calibrate_pair(
+            prepared, runner, drafter, dtype_name, readout_forms
+        )
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
@@ -183,7 +189,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         info=info,
         prompt_format=prompt_format,
         calibration_s=calibration_s,
-        fast_readout=fast_readout,
+        readout_forms=readout_forms,
     )
 
 
@@ -236,7 +242,11 @@ def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPai
 
 
 def calibrate_pair(
-    prepared: PreparedLoad, runner: TargetRunner, drafter: EagleDrafter | None, dtype_name: str
+    prepared: PreparedLoad,
+    runner: TargetRunner,
+    drafter: EagleDrafter | None,
+    dtype_name: str,
+    readout_forms: str = "stock",
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress.
@@ -249,17 +259,17 @@ def calibrate_pair(
         runner.device,
         dtype_name,
         prepared.config.quantization,
-        uses_rows_first(runner.model),
+        readout_forms,
     )
     costs = calibration_cache.load_costs(key)
     if costs is not None:
         yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
         return costs, 0.0
-    total = calibration_steps(has_drafter=True)
+    total = calibration_steps(has_drafter=True, shapes=LADDER)
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     start = time.perf_counter()
     costs = yield from relay(
-        calibrate(runner, drafter),
+        calibrate(runner, drafter, LADDER),
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start

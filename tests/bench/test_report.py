@@ -18,7 +18,7 @@ from backend.bench.runner import (
     run_bench,
 )
 from backend.config import LoadConfig, TreeConfig
-from backend.engine.autotune import CostModel
+from backend.engine.calibration import CostModel
 from backend.engine.stats import SpecStats, explain
 from backend.errors import ConfigError, InputError
 from backend.services.loading import load_pair

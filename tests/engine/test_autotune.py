@@ -7,14 +7,8 @@ import random
 import pytest
 
 from backend.config import TreeConfig
-from backend.engine.autotune import (
-    FIRST_PROBE_AFTER,
-    LADDER,
-    MEASURED_SIZES,
-    SCOUT_EVERY,
-    CostModel,
-    TreePolicy,
-)
+from backend.engine.autotune import FIRST_PROBE_AFTER, LADDER, SCOUT_EVERY, TreePolicy
+from backend.engine.calibration import MEASURED_SIZES, CostModel
 from backend.engine.replay import covers
 from tests.engine.helpers import make_runner, run
 from tests.factories import easy_llama_pair, tiny_head, tiny_target

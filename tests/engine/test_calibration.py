@@ -7,7 +7,8 @@ import torch
 
 from backend.config import TreeConfig
 from backend.engine import kv
-from backend.engine.autotune import (
+from backend.engine.autotune import LADDER
+from backend.engine.calibration import (
     MEASURED_SIZES,
     CostModel,
     calibrate,
@@ -21,7 +22,8 @@ from tests.factories import tiny_head, tiny_target
 def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
     target = tiny_target()
     runner, drafter = make_runner(target, tiny_head("eagle3", target))
-    steps = calibrate(runner, drafter, context=16, repeats=1)
+    shapes = LADDER[:3] + LADDER[-2:]
+    steps = calibrate(runner, drafter, shapes, context=16, repeats=2)
     progress = []
     while True:
         try:
@@ -29,12 +31,24 @@ def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
         except StopIteration as finished:
             costs = finished.value
             break
-    assert progress == list(range(1, calibration_steps(has_drafter=True) + 1))
+    expected = calibration_steps(has_drafter=True, shapes=shapes, repeats=2)
+    assert progress == list(range(1, expected + 1))
     assert sorted(costs.verify_s) == sorted(costs.chain_verify_s) == list(MEASURED_SIZES)
     for table in (costs.verify_s, costs.chain_verify_s):
         values = [table[n] for n in MEASURED_SIZES]
         assert all(v > 0 for v in values) and values == sorted(values)
     assert costs.draft_step_s > 0 and costs.chain_step_s > 0
+    assert sorted(costs.rounds_s) == sorted(s.label() for s in shapes)
+    assert all(costs.round_s(s) == costs.rounds_s[s.label()] > 0 for s in shapes)
+
+
+def test_a_timed_round_overrides_the_sum_of_its_parts() -> None:
+    """A shape timed as a whole round is priced as timed (drafting bookkeeping included);
+    the others as verification plus draft steps."""
+    timed, untimed = TreeConfig(16, 5, 4), TreeConfig(8, 4, 2)
+    costs = CostModel({1: 1.0, 8: 2.0, 16: 3.0}, draft_step_s=0.5, rounds_s={"16/5/4": 9.0})
+    assert costs.round_s(timed) == 9.0 and costs.round_s(untimed) == 2.0 + 4 * 0.5
+    assert CostModel.from_json(costs.to_json()) == costs
 
 
 def test_round_cost_uses_the_chain_table_for_chains() -> None:
@@ -63,7 +77,7 @@ def test_calibration_leaves_the_model_usable_for_an_identical_generation() -> No
     prompt = torch.arange(5, 21)
     cache = runner.new_cache()
     before = runner.prefill(prompt, cache, with_features=False).logits[-1]
-    measure_costs(runner, drafter, context=8, repeats=1)
+    measure_costs(runner, drafter, LADDER[:2], context=8, repeats=1)
     cache = runner.new_cache()
     after = runner.prefill(prompt, cache, with_features=False).logits[-1]
     assert torch.equal(before, after)

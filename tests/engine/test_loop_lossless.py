@@ -15,7 +15,7 @@ import torch
 
 import backend.engine.loop as loop
 from backend.config import SamplingConfig, TreeConfig
-from backend.engine.autotune import CostModel
+from backend.engine.calibration import CostModel
 from backend.engine.sampling import processed_probs
 from backend.engine.verify import greedy_accept
 from tests.engine.helpers import make_runner, run

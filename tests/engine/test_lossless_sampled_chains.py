@@ -16,7 +16,8 @@ import torch
 
 import backend.engine.verify as verify
 from backend.config import SamplingConfig, TreeConfig
-from backend.engine.autotune import CostModel, TreePolicy
+from backend.engine.autotune import TreePolicy
+from backend.engine.calibration import CostModel
 from tests.engine.helpers import run
 from tests.engine.test_loop_lossless import (
     BOUND,

@@ -1,36 +1,61 @@
-"""The rows-first output projection: same numbers as F.linear, same greedy text, applied only to
-plain float Linear layers it may own."""
+"""Faster CPU forms of the output projections: same numbers as F.linear, same greedy text,
+chosen per row count, applied only to plain float Linear layers it may own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from backend.config import TreeConfig
-from backend.engine.readout import rows_first_forward, speed_up_readout, swappable, uses_rows_first
+from backend.config import LoadConfig, TreeConfig
+from backend.engine.readout import (
+    _FORWARDS,
+    FORMS,
+    choose_forms,
+    form_of,
+    speed_up,
+    speed_up_readout,
+    swappable,
+)
 from tests.engine.helpers import make_runner, run
 from tests.factories import easy_llama_pair
 
 
-def test_rows_first_equals_f_linear_for_every_row_count_and_shape() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_equals_f_linear_for_every_row_count_and_shape(form) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(48, 300, bias=True)
-    for shape in [(1, 48), (2, 48), (7, 48), (1, 5, 48), (2, 3, 48)]:
-        x = torch.randn(*shape)
-        ours = rows_first_forward(linear, x)
-        assert ours.shape == linear(x).shape
-        torch.testing.assert_close(ours, linear(x), rtol=1e-5, atol=1e-5)
+    choose_forms(linear, force=form)  # packs the weight for the packed form
+    with torch.inference_mode():
+        for shape in [(1, 48), (2, 48), (7, 48), (1, 5, 48), (2, 3, 48)]:
+            x = torch.randn(*shape)
+            ours = _FORWARDS[form](linear, x)
+            assert ours.shape == linear(x).shape
+            torch.testing.assert_close(ours, linear(x), rtol=1e-4, atol=1e-4)
 
 
-def test_forced_swap_keeps_greedy_eagle_identical_to_vanilla() -> None:
+@pytest.mark.parametrize("form", ["rows-first", "packed"])
+def test_forced_forms_keep_greedy_eagle_identical_to_vanilla(form) -> None:
     target, head = easy_llama_pair()
-    assert speed_up_readout(target, force=True) and uses_rows_first(target)
+    label = speed_up_readout(target, force=form)
+    readout = target.get_output_embeddings()
+    assert form_of(readout, many=True) == form and form in label
+    assert form_of(readout, many=False) == ("stock" if form == "rows-first" else form)
     runner, drafter = make_runner(target, head)
     prompt = [3, 1, 4, 1, 5]
     tree = TreeConfig(total_tokens=12, depth=5, top_k=3)
     eagle, _ = run(runner, drafter, prompt, mode="eagle", max_new_tokens=60, tree=tree)
     vanilla, _ = run(runner, drafter, prompt, mode="vanilla", max_new_tokens=60)
     assert eagle.token_ids == vanilla.token_ids and eagle.tau > 1.5
+
+
+def test_with_gradients_on_the_stock_form_runs() -> None:
+    """Training never goes through a form that has no backward."""
+    linear = nn.Linear(16, 64)
+    speed_up(linear, force="packed")
+    x = torch.randn(3, 16, requires_grad=True)
+    linear(x).sum().backward()
+    assert x.grad is not None and linear.weight.grad is not None
 
 
 def test_only_plain_float_linears_without_hooks_are_swapped() -> None:
@@ -43,5 +68,17 @@ def test_only_plain_float_linears_without_hooks_are_swapped() -> None:
     hooked = nn.Linear(4, 4)
     hooked._hf_hook = object()  # accelerate's offload wraps forward itself
     assert not swappable(hooked)
+    assert speed_up(hooked, force="packed") == "stock" and form_of(hooked, True) == "stock"
     target, _ = easy_llama_pair()
-    assert not speed_up_readout(target, force=False) and not uses_rows_first(target)
+    assert speed_up_readout(target, force="stock") == "stock"
+    assert form_of(target.get_output_embeddings(), many=True) == "stock"
+
+
+def test_the_loader_reports_the_forms_of_both_projections() -> None:
+    from backend.services.loading import load_pair
+
+    pair = load_pair(
+        LoadConfig(target="assets/demo/target", head="assets/demo/head-eagle3", readout="packed")
+    )
+    assert pair.readout_forms == "1 row: packed, more: packed; head: 1 row: packed, more: packed"
+    assert form_of(pair.head.lm_head, many=True) == "packed"

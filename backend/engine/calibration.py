@@ -1,0 +1,226 @@
+"""What drafting and verification cost on this device, timed once at load (and cached on disk by
+backend/services/calibration_cache.py): the tree auto-tuner's price list.
+
+Three kinds of timing, all on one prefilled prompt whose cache is cut back after every forward:
+- a target forward over N tokens, as a branching tree (tree mask) and as a chain (causal);
+- one head draft step, in a branching tree and in a top-1 chain;
+- whole rounds of each candidate shape: drafting, verification, acceptance and the cache gather,
+  which a sum of the first two misses (tree bookkeeping grows with width and depth).
+Measurements are interleaved (every size once, then every size again, ...) and the fastest of
+the repeats kept, so a burst of load elsewhere lifts no single size; a warm-up comes first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.config import TreeConfig
+from backend.engine import kv
+from backend.engine.device import device_sync
+from backend.engine.progress import drain
+from backend.engine.tree import DraftTree
+from backend.engine.verify import greedy_accept
+
+MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
+CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
+REPEATS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Seconds per target forward by number of verified tokens (a branching tree, which needs a
+    tree mask, and a chain, which is plain causal attention), per head draft step (of a
+    branching tree, and of a top-1 chain, which skips the tree bookkeeping), and per whole round
+    of the shapes timed as such (by label)."""
+
+    verify_s: dict[int, float]
+    draft_step_s: float
+    chain_step_s: float = 0.0  # 0 = same as draft_step_s
+    chain_verify_s: dict[int, float] = field(default_factory=dict)  # empty = same as verify_s
+    rounds_s: dict[str, float] = field(default_factory=dict)  # shape label -> whole round
+
+    def verify(self, size: int, chain: bool = False) -> float:
+        table = self.chain_verify_s if chain and self.chain_verify_s else self.verify_s
+        sizes = sorted(table)
+        for known in sizes:
+            if known >= size:
+                return table[known]
+        return table[sizes[-1]] * size / sizes[-1]
+
+    def round_s(self, tree: TreeConfig | None) -> float:
+        """A whole round of ``tree`` (None: a plain step): as timed, else verification plus
+        draft steps."""
+        if tree is None:
+            return self.verify(1)
+        timed = self.rounds_s.get(tree.label())
+        if timed is not None:
+            return timed
+        chain = tree.top_k == 1
+        return self.verify(tree.total_tokens, chain) + tree.depth * self.step_s(chain)
+
+    def step_s(self, chain: bool) -> float:
+        """One head step, in a top-1 chain or in a branching tree."""
+        if chain and self.chain_step_s > 0:
+            return self.chain_step_s
+        return self.draft_step_s
+
+    def verify_ratio(self, size: int, chain: bool = False) -> float:
+        """Cost of verifying ``size`` tokens relative to one plain step."""
+        return self.verify(size, chain) / self.verify(1)
+
+    def to_json(self) -> dict:
+        return {
+            "verify_s": {str(n): s for n, s in self.verify_s.items()},
+            "chain_verify_s": {str(n): s for n, s in self.chain_verify_s.items()},
+            "draft_step_s": self.draft_step_s,
+            "chain_step_s": self.chain_step_s,
+            "rounds_s": dict(self.rounds_s),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostModel:
+        return cls(
+            verify_s={int(n): float(s) for n, s in data["verify_s"].items()},
+            chain_verify_s={int(n): float(s) for n, s in data.get("chain_verify_s", {}).items()},
+            draft_step_s=float(data["draft_step_s"]),
+            chain_step_s=float(data.get("chain_step_s", 0.0)),
+            rounds_s={str(k): float(s) for k, s in data.get("rounds_s", {}).items()},
+        )
+
+
+def calibration_steps(
+    has_drafter: bool, shapes: Sequence[TreeConfig] = (), repeats: int = REPEATS
+) -> int:
+    """How many measurements ``calibrate`` reports progress for."""
+    per_repeat = 2 * len(MEASURED_SIZES) + ((2 + len(shapes)) if has_drafter else 0)
+    return repeats * per_repeat
+
+
+def calibrate(
+    runner,
+    drafter,
+    shapes: Sequence[TreeConfig] = (),
+    context: int = CALIBRATION_CONTEXT,
+    repeats: int = REPEATS,
+) -> Generator[int, None, CostModel]:
+    """Time target forwards of each candidate width (branching trees and chains), head steps and
+    whole rounds of ``shapes`` on this device, yielding the number of measurements done after
+    each one. Costs are made non-decreasing in the number of tokens (more never costs less)."""
+    prompt = torch.zeros(context, dtype=torch.long)
+    forwards: list[tuple[dict[int, float], int, DraftTree]] = []
+    verify_s: dict[int, float] = {}
+    chain_verify_s: dict[int, float] = {}
+    for size in MEASURED_SIZES:
+        forwards += [(verify_s, size, _branching(size)), (chain_verify_s, size, _chain(size))]
+    steps = {2: float("inf"), 1: float("inf")}  # top_k -> one head step
+    rounds = {shape.label(): float("inf") for shape in shapes}
+    done = 0
+    with torch.inference_mode():
+        cache = runner.new_cache()
+        step = runner.prefill(prompt, cache, with_features=drafter is not None)
+        for _, _, tree in (forwards[0], forwards[-1]):  # warm-up, untimed
+            _time_verify(runner, cache, tree)
+        for _ in range(repeats):
+            for table, size, tree in forwards:
+                table[size] = min(table.get(size, float("inf")), _time_verify(runner, cache, tree))
+                done += 1
+                yield done
+            if drafter is None:
+                continue
+            for top_k in steps:
+                steps[top_k] = min(steps[top_k], _time_head_step(drafter, prompt, step, top_k))
+                done += 1
+                yield done
+            for shape in shapes:
+                seconds = _time_round(runner, drafter, cache, prompt, step, shape)
+                rounds[shape.label()] = min(rounds[shape.label()], seconds)
+                done += 1
+                yield done
+    has_steps = drafter is not None
+    return CostModel(
+        verify_s=_non_decreasing(verify_s),
+        chain_verify_s=_non_decreasing(chain_verify_s),
+        draft_step_s=steps[2] if has_steps else 0.0,
+        chain_step_s=steps[1] if has_steps else 0.0,
+        rounds_s=rounds if has_steps else {},
+    )
+
+
+def measure_costs(
+    runner,
+    drafter,
+    shapes: Sequence[TreeConfig] = (),
+    context: int = CALIBRATION_CONTEXT,
+    repeats: int = REPEATS,
+) -> CostModel:
+    """``calibrate`` run to its end (callers that show no progress)."""
+    return drain(calibrate(runner, drafter, shapes, context, repeats))
+
+
+def _branching(size: int) -> DraftTree:
+    """A binary tree of ``size`` nodes: the attention-mask path that top-k trees take."""
+    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, size)])
+    return DraftTree.from_parents(torch.zeros(size, dtype=torch.long), parents)
+
+
+def _chain(size: int) -> DraftTree:
+    return DraftTree.chain(torch.zeros(size, dtype=torch.long))
+
+
+def _time_verify(runner, cache, tree: DraftTree) -> float:
+    committed = kv.cache_length(cache)
+    device_sync(runner.device)
+    start = time.perf_counter()
+    runner.verify(tree, cache, with_features=True)
+    device_sync(runner.device)
+    seconds = time.perf_counter() - start
+    kv.truncate(cache, committed)
+    return seconds
+
+
+def _time_head_step(drafter, prompt: torch.Tensor, step, top_k: int) -> float:
+    """One head step of a 4-level tree of width ``top_k`` (the prompt's features fed first)."""
+    tree = TreeConfig(total_tokens=1 + 4 * top_k, depth=4, top_k=top_k)
+    drafter.begin(prompt, 0, step.features)
+    drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
+    device_sync(drafter.device)
+    start = time.perf_counter()
+    drafter.propose(0, tree)
+    device_sync(drafter.device)
+    return (time.perf_counter() - start) / 4
+
+
+def _time_round(runner, drafter, cache, prompt: torch.Tensor, step, shape: TreeConfig) -> float:
+    """A whole greedy round of ``shape`` as the engine runs it: draft, verify, accept, gather
+    the kept entries, and the head's catch-up over the accepted tokens, which the engine runs
+    at the start of the next draft (here with a one-token draft after it, a small cost that
+    every shape pays alike)."""
+    drafter.begin(prompt, 0, step.features)
+    drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
+    committed = kv.cache_length(cache)
+    device_sync(runner.device)
+    start = time.perf_counter()
+    tree = drafter.propose(0, shape)
+    verified = runner.verify(tree, cache, with_features=True)
+    acceptance = greedy_accept(tree, verified.logits)
+    keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
+    kv.keep_tree_entries(cache, committed, keep)
+    drafter.commit(list(acceptance.token_ids), verified.features[keep.tolist()])
+    drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # its catch-up forward
+    device_sync(runner.device)
+    seconds = time.perf_counter() - start
+    kv.truncate(cache, committed)
+    return seconds
+
+
+def _non_decreasing(costs: dict[int, float]) -> dict[int, float]:
+    """More tokens never cost less: smooth out timer noise."""
+    running, smooth = 0.0, {}
+    for size in sorted(costs):
+        running = max(running, costs[size])
+        smooth[size] = running
+    return smooth
