@@ -115,12 +115,13 @@ def time_forms(linear: nn.Linear, many: bool) -> dict[str, float]:
     return seconds
 
 
-def choose_forms(linear: nn.Linear, force: str | None = None) -> dict[bool, str]:
+Forms = dict[bool, str]  # several rows? -> form name
+
+
+def choose_forms(linear: nn.Linear, force: str | None = None) -> Forms:
     """The form for one row and for several: ``force`` (stock, rows-first, packed) or the
     fastest by timing, kept only if it beats the stock form by MIN_GAIN. Rows-first is never
     forced on one row, where it is the stock product."""
-    if force == "packed" and not _pack(linear):
-        force = "stock"
     if force is not None:
         return {False: "stock" if force == "rows-first" else force, True: force}
     _pack(linear)
@@ -129,27 +130,43 @@ def choose_forms(linear: nn.Linear, force: str | None = None) -> dict[bool, str]
         seconds = time_forms(linear, many)
         best = min(seconds, key=seconds.get)
         chosen[many] = best if seconds["stock"] > MIN_GAIN * seconds[best] else "stock"
-    if "packed" not in chosen.values():
-        linear.packed_weight = None  # no extra copy kept for nothing
     return chosen
 
 
-def speed_up(linear: nn.Module | None, force: str | None = None) -> str:
-    """Give ``linear`` the fastest form per row count (see ``choose_forms``); returns a label
-    such as ``"1 row: stock, more: packed"`` ("stock" when nothing changed or it cannot)."""
+def speed_up(
+    linear: nn.Module | None, force: str | None = None, known: Forms | None = None
+) -> Forms:
+    """Give ``linear`` the fastest form per row count (see ``choose_forms``), or the ``known``
+    forms an earlier load of the same weights chose (timing twice could pick differently, and
+    the tuner's cached costs were timed with those). Returns the forms it runs."""
+    stock = {False: "stock", True: "stock"}
     if linear is None or not swappable(linear):
-        return "stock"
-    forms = choose_forms(linear, force)
-    if set(forms.values()) == {"stock"}:
-        return "stock"
+        return stock
+    valid = known is not None and set(known) == {False, True} and set(known.values()) <= set(FORMS)
+    forms = dict(known) if valid else choose_forms(linear, force)
+    if "packed" in forms.values() and not _pack(linear):
+        forms = {many: "stock" if form == "packed" else form for many, form in forms.items()}
+    if "packed" not in forms.values():
+        linear.packed_weight = None  # no extra copy kept for nothing
+    if forms == stock:
+        return stock
     linear.forms = {many: _FORWARDS[form] for many, form in forms.items()}
     linear.forward = types.MethodType(forward_by_rows, linear)
-    return f"1 row: {forms[False]}, more: {forms[True]}"
+    return forms
 
 
-def speed_up_readout(model: nn.Module, force: str | None = None) -> str:
+def speed_up_readout(
+    model: nn.Module, force: str | None = None, known: Forms | None = None
+) -> Forms:
     """``speed_up`` for the model's output projection."""
-    return speed_up(model.get_output_embeddings(), force)
+    return speed_up(model.get_output_embeddings(), force, known)
+
+
+def describe(forms: Forms) -> str:
+    """``"1 row: stock, more: packed"``, or ``"stock"`` when nothing changed."""
+    if set(forms.values()) == {"stock"}:
+        return "stock"
+    return f"1 row: {forms[False]}, more: {forms[True]}"
 
 
 def form_of(linear: nn.Module, many: bool) -> str:

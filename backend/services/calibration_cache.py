@@ -1,4 +1,5 @@
-"""Measured device costs kept on disk, so a second launch of the same pair skips calibration.
+"""Measured device costs kept on disk, so a second launch of the same pair skips calibration
+(and reuses the output-projection forms chosen with them, backend/engine/readout.py).
 
 A cost model is only valid for the weights, device, dtype, quantization and thread count it
 was timed with, so all of them (plus the torch version and the cost format) go into the key.
@@ -12,16 +13,18 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
 from backend.engine.device import hardware_name
+from backend.engine.readout import Forms
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 4  # bump when what calibrate() measures changes
+COST_FORMAT = 5  # bump when what calibrate() measures changes
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
@@ -49,7 +52,7 @@ def calibration_key(
     device: torch.device,
     dtype: str,
     quantization: str,
-    readout: str = "stock",
+    readout: str = "auto",
 ) -> dict:
     """Everything a measured cost depends on, as a JSON-ready dict."""
     return {
@@ -72,13 +75,37 @@ def _entry(key: dict) -> Path:
     return cache_dir() / f"{digest}.json"
 
 
-def load_costs(key: dict) -> CostModel | None:
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What one load measured: the tuner's costs and the forms of the output projections by
+    name ("target", "head")."""
+
+    costs: CostModel
+    forms: dict[str, Forms] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        forms = {
+            name: {"one": chosen[False], "many": chosen[True]}
+            for name, chosen in self.forms.items()
+        }
+        return {"costs": self.costs.to_json(), "forms": forms}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Calibration:
+        forms = {
+            str(name): {False: str(chosen["one"]), True: str(chosen["many"])}
+            for name, chosen in data.get("forms", {}).items()
+        }
+        return cls(costs=CostModel.from_json(data["costs"]), forms=forms)
+
+
+def load(key: dict) -> Calibration | None:
     path = _entry(key)
     try:
         data = json.loads(path.read_text())
         if data.get("key") != json.loads(json.dumps(key)):
             return None
-        return CostModel.from_json(data["costs"])
+        return Calibration.from_json(data)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -86,13 +113,13 @@ def load_costs(key: dict) -> CostModel | None:
         return None
 
 
-def save_costs(key: dict, costs: CostModel) -> None:
+def save(key: dict, calibration: Calibration) -> None:
     """Best effort: a read-only or full disk only means calibrating again next time."""
     path = _entry(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "costs": costs.to_json()}, indent=1))
+        tmp.write_text(json.dumps({"key": key, **calibration.to_json()}, indent=1))
         tmp.replace(path)
     except OSError as err:
         logger.warning("could not save the calibration to %s: %s", path, err)

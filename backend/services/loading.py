@@ -30,14 +30,14 @@ from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.progress import drain, relay
-from backend.engine.readout import speed_up, speed_up_readout
+from backend.engine.readout import Forms, describe, speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
 from backend.services import calibration_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.prompting import format_label, resolve_format, stop_spec
-from backend.services.target_source import local_source, locate
+from backend.services.target_source import TargetSource, local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
 from models.heads.base import DraftHead, execution_device
@@ -127,52 +127,70 @@ def _pretrained_kwargs(config: LoadConfig, dtype: torch.dtype, device: torch.dev
     return kwargs
 
 
-def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
-    """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
+def _weights_label(
+    config: LoadConfig, source: TargetSource, quantized: bool, dtype_name: str
+) -> str:
+    if source.is_gguf:
+        return f"GGUF weights, dequantized to {dtype_name}"
+    return f"{config.quantization} weights" if quantized else f"{dtype_name} weights"
+
+
+def _load_target(
+    config: LoadConfig, target_path: str, source: TargetSource, kwargs: dict[str, Any]
+) -> Generator[Progress, None, tuple[Any, Any]]:
+    """Tokenizer, then the target's weights: load errors become clear messages."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = prepared.config
-    device = choose_device()
-    dtype = resolve_dtype(config.dtype, device)
-    kwargs = _pretrained_kwargs(config, dtype, device)
-    quant = kwargs.get("quantization_config")
-
-    source = local_source(prepared.target_path)
-    kwargs.update(source.pretrained_kwargs())
+    quantized = kwargs.get("quantization_config") is not None
+    dtype_name = str(kwargs["dtype"]).removeprefix("torch.")
+    what = _weights_label(config, source, quantized, dtype_name)
     yield Progress("load", 1, _LOAD_STEPS, "steps", "tokenizer")
-    stage = "quantize" if quant is not None else "load"
-    dtype_name = str(dtype).removeprefix("torch.")
-    what = f"{config.quantization} weights" if quant is not None else f"{dtype_name} weights"
-    if source.is_gguf:
-        what = f"GGUF weights, dequantized to {dtype_name}"
-    with _load_errors(config, prepared.target_path):
+    with _load_errors(config, target_path):
         tokenizer = AutoTokenizer.from_pretrained(
             source.directory,
             trust_remote_code=config.trust_remote_code,
             **source.pretrained_kwargs(),
         )
+        stage = "quantize" if quantized else "load"
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
+    return tokenizer, model
+
+
+def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
+    """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
+
+    config = prepared.config
+    device = choose_device()
+    dtype = resolve_dtype(config.dtype, device)
+    kwargs = _pretrained_kwargs(config, dtype, device)
+    source = local_source(prepared.target_path)
+    kwargs.update(source.pretrained_kwargs())
+    dtype_name = str(dtype).removeprefix("torch.")
+    tokenizer, model = yield from _load_target(config, prepared.target_path, source, kwargs)
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
-    force = None if config.readout == "auto" else config.readout
-    readout_forms = speed_up_readout(model, force)
     head, drafter = prepared.head, None
     if head is not None:
         head, drafter = bind_head(model, head, dtype)
-        own = getattr(head, "lm_head", None)  # EAGLE-1/2 heads borrow the target's
-        if own is not None and own is not model.get_output_embeddings():
-            readout_forms += f"; head: {speed_up(own, force)}"
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
+    key = calibration_cache.calibration_key(
+        prepared.target_path,
+        prepared.head_path,
+        runner.device,
+        dtype_name,
+        config.quantization,
+        config.readout,
+    )
+    cached = calibration_cache.load(key) if drafter is not None else None
+    forms = speed_up_projections(model, head, config.readout, cached.forms if cached else {})
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
-        costs, calibration_s = yield from calibrate_pair(
-            prepared, runner, drafter, dtype_name, readout_forms
-        )
+        costs, calibration_s = yield from calibrate_pair(runner, drafter, key, cached, forms)
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
@@ -189,7 +207,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         info=info,
         prompt_format=prompt_format,
         calibration_s=calibration_s,
-        readout_forms=readout_forms,
+        readout_forms=describe_projections(forms),
     )
 
 
@@ -241,30 +259,44 @@ def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPai
     return drain(load_steps(prepare(config, target_path, head_path, expected_kind)))
 
 
+def speed_up_projections(
+    model: Any, head: DraftHead | None, readout: str, known: dict[str, Forms]
+) -> dict[str, Forms]:
+    """The CPU forms of the target's readout and of the head's own lm_head (EAGLE-3; EAGLE-1/2
+    heads borrow the target's): ``readout`` forced, or those ``known`` from the calibration
+    cache, or timed now."""
+    force = None if readout == "auto" else readout
+    forms = {"target": speed_up_readout(model, force, known.get("target"))}
+    own = getattr(head, "lm_head", None)
+    if own is not None and own is not model.get_output_embeddings():
+        forms["head"] = speed_up(own, force, known.get("head"))
+    return forms
+
+
+def describe_projections(forms: dict[str, Forms]) -> str:
+    """``"1 row: stock, more: packed; head: ..."`` for the settings and the bench."""
+    label = describe(forms["target"])
+    if "head" in forms:
+        label += f"; head: {describe(forms['head'])}"
+    return label
+
+
 def calibrate_pair(
-    prepared: PreparedLoad,
     runner: TargetRunner,
     drafter: EagleDrafter | None,
-    dtype_name: str,
-    readout_forms: str = "stock",
+    key: dict,
+    cached: calibration_cache.Calibration | None,
+    forms: dict[str, Forms],
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
-    on-disk cache when this pair was timed on this machine before, else measured with progress.
-    Returns the costs and the seconds spent measuring (0 when cached)."""
+    on-disk cache when this pair was timed on this machine before, else measured with progress
+    and saved with the projection forms they were measured with. Returns the costs and the
+    seconds spent measuring (0 when cached)."""
     if drafter is None:
         return None, 0.0
-    key = calibration_cache.calibration_key(
-        prepared.target_path,
-        prepared.head_path,
-        runner.device,
-        dtype_name,
-        prepared.config.quantization,
-        readout_forms,
-    )
-    costs = calibration_cache.load_costs(key)
-    if costs is not None:
+    if cached is not None:
         yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
-        return costs, 0.0
+        return cached.costs, 0.0
     total = calibration_steps(has_drafter=True, shapes=LADDER)
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     start = time.perf_counter()
@@ -273,19 +305,22 @@ def calibrate_pair(
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start
-    calibration_cache.save_costs(key, costs)
+    calibration_cache.save(key, calibration_cache.Calibration(costs, forms))
     return costs, seconds
 
 
 @torch.inference_mode()
 def warmup(runner: TargetRunner, drafter: EagleDrafter | None) -> None:
-    """One tiny prefill (and one draft) so the first real request pays no kernel set-up and a
-    broken placement or dtype fails here, at load time, not in the middle of a chat."""
+    """One tiny prefill, draft and tree verification, so the first real request pays no kernel
+    or projection-form set-up (also when the calibration comes from the cache), and a broken
+    placement or dtype fails here, at load time, not in the middle of a chat."""
     prompt = torch.tensor([0, 1], dtype=torch.long)
-    step = runner.prefill(prompt, runner.new_cache(), with_features=drafter is not None)
+    cache = runner.new_cache()
+    step = runner.prefill(prompt, cache, with_features=drafter is not None)
     if drafter is not None:
         drafter.begin(prompt, 1, step.features)
-        drafter.propose(1, TreeConfig(total_tokens=4, depth=2, top_k=2))
+        tree = drafter.propose(1, TreeConfig(total_tokens=4, depth=2, top_k=2))
+        runner.verify(tree, cache, with_features=True)
 
 
 @contextmanager

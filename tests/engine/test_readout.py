@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from backend.config import LoadConfig, TreeConfig
@@ -12,6 +13,7 @@ from backend.engine.readout import (
     _FORWARDS,
     FORMS,
     choose_forms,
+    describe,
     form_of,
     speed_up,
     speed_up_readout,
@@ -25,21 +27,22 @@ from tests.factories import easy_llama_pair
 def test_every_form_equals_f_linear_for_every_row_count_and_shape(form) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(48, 300, bias=True)
-    choose_forms(linear, force=form)  # packs the weight for the packed form
+    speed_up(linear, force=form)  # packs the weight for the packed form
     with torch.inference_mode():
         for shape in [(1, 48), (2, 48), (7, 48), (1, 5, 48), (2, 3, 48)]:
             x = torch.randn(*shape)
-            ours = _FORWARDS[form](linear, x)
-            assert ours.shape == linear(x).shape
-            torch.testing.assert_close(ours, linear(x), rtol=1e-4, atol=1e-4)
+            expected = F.linear(x, linear.weight, linear.bias)
+            for ours in (_FORWARDS[form](linear, x), linear(x)):
+                assert ours.shape == expected.shape
+                torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("form", ["rows-first", "packed"])
 def test_forced_forms_keep_greedy_eagle_identical_to_vanilla(form) -> None:
     target, head = easy_llama_pair()
-    label = speed_up_readout(target, force=form)
+    forms = speed_up_readout(target, force=form)
     readout = target.get_output_embeddings()
-    assert form_of(readout, many=True) == form and form in label
+    assert form_of(readout, many=True) == form == forms[True]
     assert form_of(readout, many=False) == ("stock" if form == "rows-first" else form)
     runner, drafter = make_runner(target, head)
     prompt = [3, 1, 4, 1, 5]
@@ -68,9 +71,10 @@ def test_only_plain_float_linears_without_hooks_are_swapped() -> None:
     hooked = nn.Linear(4, 4)
     hooked._hf_hook = object()  # accelerate's offload wraps forward itself
     assert not swappable(hooked)
-    assert speed_up(hooked, force="packed") == "stock" and form_of(hooked, True) == "stock"
+    assert speed_up(hooked, force="packed") == {False: "stock", True: "stock"}
+    assert form_of(hooked, True) == "stock"
     target, _ = easy_llama_pair()
-    assert speed_up_readout(target, force="stock") == "stock"
+    assert describe(speed_up_readout(target, force="stock")) == "stock"
     assert form_of(target.get_output_embeddings(), many=True) == "stock"
 
 
@@ -82,3 +86,16 @@ def test_the_loader_reports_the_forms_of_both_projections() -> None:
     )
     assert pair.readout_forms == "1 row: packed, more: packed; head: 1 row: packed, more: packed"
     assert form_of(pair.head.lm_head, many=True) == "packed"
+
+
+def test_timed_forms_are_real_forms_and_keep_the_product() -> None:
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 2000)
+    chosen = choose_forms(linear)
+    assert set(chosen) == {False, True} and set(chosen.values()) <= set(FORMS)
+    applied = speed_up(linear, known=chosen)
+    assert applied == chosen and form_of(linear, many=True) == chosen[True]
+    with torch.inference_mode():
+        for rows in (1, 6):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))

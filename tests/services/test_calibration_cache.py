@@ -3,12 +3,14 @@ change to what the costs depend on measures again."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from backend.config import LoadConfig
 from backend.engine.progress import drain
+from backend.engine.readout import form_of
 from backend.services import calibration_cache
 from backend.services.loading import load_steps, prepare
 from models.checkpoints import save_head
@@ -45,6 +47,24 @@ def test_first_load_calibrates_with_progress_and_the_second_reads_the_cache(pair
     assert len(progress) == 1 and "cache" in progress[0].message
 
 
+def test_the_second_load_runs_the_projection_forms_the_first_chose(pair_on_disk) -> None:
+    """Timing the forms again could choose others than the cached costs were measured with."""
+    first, _ = load(pair_on_disk)
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    data = json.loads(entry.read_text())
+    assert data["forms"]["target"] == {
+        "one": form_of(first.model.get_output_embeddings(), many=False),
+        "many": form_of(first.model.get_output_embeddings(), many=True),
+    }
+    data["forms"]["target"] = {"one": "packed", "many": "rows-first"}  # unlikely to be timed so
+    entry.write_text(json.dumps(data))
+    second, _ = load(pair_on_disk)
+    readout = second.model.get_output_embeddings()
+    assert second.calibration_s == 0.0
+    assert (form_of(readout, many=False), form_of(readout, many=True)) == ("packed", "rows-first")
+    assert second.readout_forms.startswith("1 row: packed, more: rows-first")
+
+
 def test_new_weights_or_another_dtype_measure_again(pair_on_disk) -> None:
     first, _ = load(pair_on_disk)
     weights = next((pair_on_disk / "target").glob("*.safetensors"))
@@ -63,18 +83,14 @@ def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
     entry.write_text("{not json")
     again, _ = load(pair_on_disk)
     assert again.calibration_s > 0 and again.engine.costs is not None
-    assert (
-        calibration_cache.load_costs(
-            calibration_cache.calibration_key(
-                str(pair_on_disk / "target"),
-                str(pair_on_disk / "head"),
-                again.engine.runner.device,
-                "float32",
-                "none",
-            )
-        )
-        == again.engine.costs
+    key = calibration_cache.calibration_key(
+        str(pair_on_disk / "target"),
+        str(pair_on_disk / "head"),
+        again.engine.runner.device,
+        "float32",
+        "none",
     )
+    assert calibration_cache.load(key).costs == again.engine.costs
 
 
 def test_an_unwritable_cache_only_means_measuring_again(pair_on_disk, monkeypatch) -> None:
