@@ -29,6 +29,22 @@ from backend.services.dtypes import choose_dtype
 from backend.services.loading import load_pair
 
 
+def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="prompt-length sweep: run the bench once per length, each prompt lengthened to "
+        "about N tokens by a passage of --sweep-text in front (e.g. 32 512 1536)",
+    )
+    parser.add_argument(
+        "--sweep-text",
+        default=str(DEFAULT_FILLER),
+        help="text whose opening lengthens the prompts of a sweep (default: README.md)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, "pair", "target", "head")
     parser.add_argument(
@@ -79,19 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
     )
-    parser.add_argument(
-        "--prompt-tokens",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="prompt-length sweep: run the bench once per length, each prompt lengthened to "
-        "about N tokens by a passage of --sweep-text in front (e.g. 32 512 1536)",
-    )
-    parser.add_argument(
-        "--sweep-text",
-        default=str(DEFAULT_FILLER),
-        help="text whose opening lengthens the prompts of a sweep (default: README.md)",
-    )
+    _add_sweep_arguments(parser)
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
 

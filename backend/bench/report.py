@@ -41,6 +41,7 @@ class MethodSummary:
     accept_per_depth: tuple[float, ...]
     draft_share: float | None  # fraction of round time spent drafting
     verify_share: float | None
+    decode_speedup: float | None = None  # after the first token: prefill left out of both sides
 
 
 def _tau(runs: list[MethodRun]) -> float | None:
@@ -49,6 +50,16 @@ def _tau(runs: list[MethodRun]) -> float | None:
     if not rounds:
         return None
     return average_acceptance_length(sum(r.new_tokens - 1 for r in runs if r.new_tokens), rounds)
+
+
+def _decode_tokens_per_s(runs: list[MethodRun]) -> float | None:
+    """Tokens after the first over the time after it: decoding alone, without the prefill
+    (identical work for every method, and most of the time at long prompts)."""
+    if any(r.ttft_s <= 0 for r in runs):
+        return None  # the library's loops report no first-token time
+    tokens = sum(max(0, r.new_tokens - 1) for r in runs)
+    seconds = sum(r.seconds - r.ttft_s for r in runs)
+    return tokens / seconds if seconds > 0 else None
 
 
 def label(method: str) -> str:
@@ -76,15 +87,16 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
         for method, run in prompt.runs.items():
             by_method.setdefault(method, []).append(run)
         vanilla_ids.append(prompt.runs["vanilla"].token_ids if "vanilla" in prompt.runs else ())
-    base_tps = None
+    base_tps = base_decode = None
     summaries = {}
     for method in sorted(by_method, key=_method_order):
         runs = by_method[method]
         tokens = sum(r.new_tokens for r in runs)
         seconds = sum(r.seconds for r in runs)
         tps = tokens / seconds if seconds > 0 else 0.0
+        decode = _decode_tokens_per_s(runs)
         if method == "vanilla":
-            base_tps = tps
+            base_tps, base_decode = tps, decode
         eagle_like = any(r.acceptance_lengths for r in runs)
         round_time = sum(r.seconds - r.ttft_s for r in runs)
         summaries[method] = MethodSummary(
@@ -103,6 +115,7 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
             verify_share=sum(r.verify_s for r in runs) / round_time
             if eagle_like and round_time > 0
             else None,
+            decode_speedup=decode / base_decode if decode and base_decode else None,
         )
     return summaries
 

@@ -70,7 +70,12 @@ def run_sweep(
 
 def _as_row(point: SweepPoint) -> dict:
     methods = {
-        method: {"tokens_per_s": s.tokens_per_s, "speedup": s.speedup, "tau": s.tau}
+        method: {
+            "tokens_per_s": s.tokens_per_s,
+            "speedup": s.speedup,
+            "decode_speedup": s.decode_speedup,
+            "tau": s.tau,
+        }
         for method, s in point.summaries.items()
     }
     return {
@@ -80,28 +85,53 @@ def _as_row(point: SweepPoint) -> dict:
 
 
 def sweep_markdown(points: list[SweepPoint], command: str) -> str:
+    """One row per length for the EAGLE row; then, for it and every fixed tree, the share of
+    its short-prompt speedup kept at the longest prompt, end to end and decoding alone."""
     lines = [
         f"Command: `{command}`",
         "",
-        "| prompt tokens | vanilla tok/s | EAGLE tok/s | speedup | tau | identical |",
-        "|---|---|---|---|---|---|",
+        "Speedup counts the whole reply, prefill included; decode speedup leaves the prefill "
+        "(the same work for both, and most of the time at long prompts) out of both sides.",
+        "",
+        "| prompt tokens | vanilla tok/s | EAGLE tok/s | speedup | decode speedup | tau | identical |",
+        "|---|---|---|---|---|---|---|",
     ]
     for point in points:
         vanilla, eagle = point.summaries["vanilla"], point.summaries["eagle"]
-        tau = f"{eagle.tau:.2f}" if eagle.tau is not None else "-"
         lines.append(
             f"| {point.measured_tokens:.0f} | {vanilla.tokens_per_s:.1f} | "
-            f"{eagle.tokens_per_s:.1f} | {eagle.speedup:.2f}x | {tau} | {eagle.identical}/{point.prompts} |"
+            f"{eagle.tokens_per_s:.1f} | {eagle.speedup:.2f}x | {_times(eagle.decode_speedup)} | "
+            f"{_tau(eagle)} | {eagle.identical}/{point.prompts} |"
         )
     if len(points) > 1:
-        first, last = points[0].summaries["eagle"], points[-1].summaries["eagle"]
-        lines += [
-            "",
-            f"{label('eagle')} at {points[-1].measured_tokens:.0f} prompt tokens keeps "
-            f"{last.speedup / first.speedup:.0%} of its speedup at "
-            f"{points[0].measured_tokens:.0f} (tau {_tau(last)} against {_tau(first)}).",
-        ]
+        lines += ["", *_retention_lines(points[0], points[-1])]
     return "\n".join(lines) + "\n"
+
+
+def _retention_lines(short: SweepPoint, long: SweepPoint) -> list[str]:
+    lines = [
+        f"| method | speedup kept at {long.measured_tokens:.0f} vs {short.measured_tokens:.0f} "
+        "tokens | decode speedup kept | tau (short / long) |",
+        "|---|---|---|---|",
+    ]
+    for method, first in short.summaries.items():
+        last = long.summaries.get(method)
+        if last is None or first.tau is None or method == "vanilla":
+            continue
+        decode = (
+            f"{last.decode_speedup / first.decode_speedup:.0%}"
+            if first.decode_speedup and last.decode_speedup
+            else "-"
+        )
+        lines.append(
+            f"| {label(method)} | {last.speedup / first.speedup:.0%} | {decode} | "
+            f"{_tau(first)} / {_tau(last)} |"
+        )
+    return lines
+
+
+def _times(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
 
 
 def _tau(summary: MethodSummary) -> str:
