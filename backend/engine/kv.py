@@ -3,7 +3,9 @@
 After a tree verification the cache holds ``committed + N`` entries, the last N in tree order.
 Only the root and the accepted path survive; their entries are not contiguous in the tree, so
 they are GATHERED into the slots right after the committed prefix (slicing would keep the
-wrong nodes' keys). The cache grows by concatenation, so long chats never overflow a buffer.
+wrong nodes' keys). Each layer appends in place into a buffer with spare room that grows
+geometrically (``GrowingLayer``): a step copies only its own new entries, where concatenation
+would copy the whole history every step, and long chats still never overflow a fixed buffer.
 
 Sliding-window layers keep their whole history too (so the same gather and cut work on them)
 but hand attention only the keys a new token can still see: a round then costs the same on a
@@ -18,7 +20,60 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-class WindowedLayer(DynamicLayer):
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose ``keys``/``values`` are views of larger buffers. Anything that
+    replaces them with other tensors (transformers' batch methods) just makes the next append
+    copy into a fresh buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self._key_buffer = _append(self.keys, self._key_buffer, key_states)
+        self.values, self._value_buffer = _append(self.values, self._value_buffer, value_states)
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self._key_buffer = self._value_buffer = None
+        super().reset()
+
+
+def _append(
+    stored: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``stored`` followed by ``new``, written into ``buffer`` when ``stored`` is its opening
+    and there is room; otherwise into a new buffer with a quarter spare."""
+    length = stored.shape[-2] if stored.dim() == new.dim() else 0  # empty: a 1-d placeholder
+    end = length + new.shape[-2]
+    fits = (
+        buffer is not None
+        and end <= buffer.shape[-2]
+        and buffer.shape[:-2] == new.shape[:-2]
+        and (length == 0 or stored.data_ptr() == buffer.data_ptr())
+        and buffer.dtype == new.dtype
+        # a buffer made under inference mode cannot be written outside it
+        and (torch.is_inference_mode_enabled() or not buffer.is_inference())
+    )
+    if not fits:
+        capacity = end + max(_MIN_SPARE, end // 4)
+        grown = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+        if length:
+            grown[..., :length, :] = stored
+        buffer = grown
+    buffer[..., length:end, :] = new
+    return buffer[..., :end, :], buffer
+
+
+_MIN_SPARE = 64  # entries of room past the end at least: a few rounds before the next copy
+
+
+class WindowedLayer(GrowingLayer):
     """A sliding-window layer: stores every entry, shows attention the last ``window - 1`` entries
     before the new tokens plus the new tokens. ``get_mask_sizes`` tells the model's own mask
     builder the same, so masks and keys line up for plain steps and chains alike."""
@@ -54,8 +109,10 @@ def new_cache(layer_windows: tuple[int | None, ...] = ()) -> DynamicCache:
     the window covers (no windows: full-attention layers, created as the model needs them)."""
     cache = DynamicCache()
     if any(layer_windows):
-        cache.layers = [WindowedLayer(w) if w else DynamicLayer() for w in layer_windows]
+        cache.layers = [WindowedLayer(w) if w else GrowingLayer() for w in layer_windows]
         cache.layer_class_to_replicate = None
+    else:
+        cache.layer_class_to_replicate = GrowingLayer
     return cache
 
 
