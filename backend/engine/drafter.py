@@ -27,7 +27,6 @@ from backend.engine import kv
 from backend.engine.sampling import draw, processed_probs
 from backend.engine.tree import DraftTree, static_levels
 from models.heads.base import DraftHead
-from models.heads.layers import causal_bias
 
 
 class Drafter(Protocol):
@@ -320,8 +319,8 @@ class EagleDrafter:
         count = next_tokens.numel()
         hidden_in = self.head.project(features.to(self.device, self.dtype))[None]  # [1, n, H]
         positions = torch.arange(self._committed, self._committed + count, device=self.device)
-        bias = causal_bias(count, self._committed + count, self.dtype, self.device)
-        out = self.head(hidden_in, next_tokens[None], positions[None], bias, self._cache)
+        # None: causal over the cache and the new entries (no mask at all from an empty cache)
+        out = self.head(hidden_in, next_tokens[None], positions[None], None, self._cache)
         self._committed += count
         self._root_hidden = out[:, -1:]
 

@@ -109,12 +109,17 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, 0)
-        if attn_bias is None and q_len > 1:
+        # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
+        # without a [Q, Q] mask; with a prefix, the causal mask is offset by it.
+        from_empty = attn_bias is None and q_len > 1 and k.shape[2] == q_len
+        if attn_bias is None and q_len > 1 and not from_empty:
             attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
         mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
         # grouped KV heads are shared inside the kernel instead of copied per query head
         grouped = self.num_heads != self.num_kv_heads
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=from_empty, enable_gqa=grouped
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
 
 
