@@ -68,7 +68,10 @@ def test_recovers_when_drafts_become_good() -> None:
     assert policy.choose() is not None
 
 
-def test_auto_tree_with_useless_head_is_mostly_plain_and_exact() -> None:
+def test_auto_tree_with_useless_head_is_mostly_plain_and_exact(monkeypatch) -> None:
+    # Rounds' wall times would correct the hand-made costs by how busy this machine is; that
+    # lesson has its own tests, and here the costs and the drafts alone must decide.
+    monkeypatch.setattr(TreePolicy, "observe_time", lambda self, tree, seconds: None)
     target = tiny_target("llama", num_layers=8)
     runner, drafter = make_runner(target, tiny_head("eagle1", target))
     prompt = [5, 17, 33, 2, 90, 41]
