@@ -53,7 +53,8 @@ SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
     TreeConfig(total_tokens=d + 1, depth=d, top_k=1) for d in range(1, 9)
 )
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
-EMA = 0.15  # weight of the newest round in the acceptance estimates
+PRIOR_WEIGHT = 2.0  # the prior counts as this many rounds, so the first rounds teach fast
+EMA = 0.15  # weight of the newest round in the acceptance estimates, once past those
 PRIOR_TAIL = 0.5  # chance the next guess is right once the earlier ones failed, assumed
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
@@ -107,6 +108,7 @@ class TreePolicy:
     costs: CostModel
     ladder: tuple[TreeConfig, ...] = LADDER  # SAMPLED_LADDER for temperature > 0
     rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)  # first-guess hits
+    seen: list[int] = field(default_factory=lambda: [0] * 8)  # rounds that reached each level
     tail: tuple[float, float] = (PRIOR_TAIL, 1.0)  # fading counts past the first guess:
     # guesses that were wrong, guesses tried; their ratio = chance the next guess fails too
     # Per shape, over the rounds that replayed it (fading sums, so they follow the text): its
@@ -273,7 +275,10 @@ class TreePolicy:
         for level, (rank, guesses) in enumerate(outcomes):
             if level < len(self.rates):
                 hit = 1.0 if rank == 0 else 0.0
-                self.rates[level] += EMA * (hit - self.rates[level])
+                # a mean over the prior and the rounds so far, a fading average after that
+                weight = max(EMA, 1.0 / (self.seen[level] + 1.0 + PRIOR_WEIGHT))
+                self.rates[level] += weight * (hit - self.rates[level])
+                self.seen[level] += 1
             # past the first guess: guesses 1..rank were tried, all but the last wrong; or all
             # the level's guesses were tried and wrong
             extra = guesses - 1 if rank is None else rank

@@ -42,6 +42,19 @@ def test_steep_cpu_costs_pick_a_small_tree() -> None:
     assert tree is not None and tree.total_tokens <= 12
 
 
+def test_drafts_that_always_hold_reach_a_deep_tree_within_a_few_rounds() -> None:
+    # The first message after load runs on what the first rounds teach: the prior must give
+    # way to them quickly, not at the pace of the long-run fading average.
+    policy = TreePolicy(CPU_LIKE)
+    depths = []
+    for _ in range(10):
+        tree = policy.choose()
+        assert tree is not None
+        depths.append(tree.depth)
+        policy.observe(tree, tree.depth, {s: s.depth for s in policy.covered_shapes(tree)})
+    assert max(depths[:10]) >= 5, depths
+
+
 def test_failing_drafts_back_off_to_plain_steps_and_probe_with_growing_gaps() -> None:
     policy = trained(TreePolicy(CPU_LIKE), 0.0, rounds=10)
     choices = []
