@@ -136,13 +136,16 @@ def _weights_label(
 
 
 def _load_target(
-    config: LoadConfig, target_path: str, source: TargetSource, kwargs: dict[str, Any]
+    config: LoadConfig,
+    target_path: str,
+    source: TargetSource,
+    kwargs: dict[str, Any],
+    dtype_name: str,
 ) -> Generator[Progress, None, tuple[Any, Any]]:
     """Tokenizer, then the target's weights: load errors become clear messages."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quantized = kwargs.get("quantization_config") is not None
-    dtype_name = str(kwargs["dtype"]).removeprefix("torch.")
     what = _weights_label(config, source, quantized, dtype_name)
     yield Progress("load", 1, _LOAD_STEPS, "steps", "tokenizer")
     with _load_errors(config, target_path):
@@ -161,7 +164,6 @@ def _load_target(
 
 def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     """Tokenizer, weights (quantized if asked), head binding, warm-up; yields one event per step."""
-
     config = prepared.config
     device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
@@ -169,7 +171,9 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     source = local_source(prepared.target_path)
     kwargs.update(source.pretrained_kwargs())
     dtype_name = str(dtype).removeprefix("torch.")
-    tokenizer, model = yield from _load_target(config, prepared.target_path, source, kwargs)
+    tokenizer, model = yield from _load_target(
+        config, prepared.target_path, source, kwargs, dtype_name
+    )
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
