@@ -139,7 +139,31 @@ def test_reply_streams_and_panel_fills(page) -> None:
     page.screenshot(path=ARTIFACTS / "chat.png", full_page=True)
 
 
-def test_stop_mid_stream(page) -> None:
+@pytest.fixture
+def reply_held_after_first_round(live_app: LiveApp, monkeypatch) -> None:
+    """The tiny pair finishes 450 tokens in well under a second, faster than a click can land,
+    so the backend's stream waits after its first visible text until Stop sets the cancel flag
+    (at most TIMEOUT_MS): the click then surely lands mid-reply, and the engine itself must
+    notice the flag and end the reply."""
+    from backend.events import RoundCompleted
+
+    stream = live_app.backend.stream
+
+    def held(*args, cancel=None, **kwargs):
+        held_once = False
+        for event in stream(*args, cancel=cancel, **kwargs):
+            yield event
+            shows_text = isinstance(event, RoundCompleted) and any(
+                span.text.strip() for span in event.spans
+            )
+            if shows_text and not held_once and cancel is not None:
+                held_once = True
+                cancel.wait(TIMEOUT_MS / 1000)
+
+    monkeypatch.setattr(live_app.backend, "stream", held)
+
+
+def test_stop_mid_stream(page, reply_held_after_first_round) -> None:
     open_tab(page, "Chat")
     page.click("#chat-clear")  # a fresh context: the tiny model's context is only 512 tokens
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=bot]')")
