@@ -4,10 +4,12 @@ Expected speed of a tree shape = expected tokens per round / expected seconds pe
 - seconds per round = the shape's whole round as timed at load (calibration.py), corrected by
   how long its real rounds take;
 - tokens per round = 1 + sum_{d=1..D} prod_{j<=d} r_j, with r_j the conditional acceptance
-  rate at depth j (exponential moving average over recent rounds), adjusted for tree width.
+  rate at depth j (exponential moving average over recent rounds), widened by what each
+  sibling rank adds when the guesses before it failed.
 Plain decoding (no drafting) is one of the candidates: when drafts keep failing (a head that
 does not fit, a high temperature) the policy falls back to it, so EAGLE never runs much slower
-than vanilla, and it probes a small tree again after a growing number of plain steps.
+than vanilla, and after a growing number of plain steps it probes again with the shape it would
+draft with.
 On CPUs verifying many nodes costs several single steps, so small trees win; on GPUs the cost
 is nearly flat and large trees win: the same rule picks both from the timings.
 """
@@ -55,39 +57,58 @@ SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
 PRIOR_WEIGHT = 2.0  # the prior counts as this many rounds, so the first rounds teach fast
 EMA = 0.15  # weight of the newest round in the acceptance estimates, once past those
-PRIOR_TAIL = 0.5  # chance the next guess is right once the earlier ones failed, assumed
+PRIOR_NEXT = 0.5  # chance the guess of rank i (second = 1) holds once the earlier ones failed,
+# assumed as PRIOR_NEXT / i: later guesses share what probability the first ones left
+MIN_EVIDENCE = 6  # drafted rounds seen before plain steps may win: one or two unlucky rounds
+# of a head that pays must not switch drafting off (it then learns only from rare probes)
+MAX_GUESSES = max(tree.top_k for tree in LADDER)  # siblings per node, at most
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
+SHAPE_TIME_EMA = EMA / 4  # a shape's time relative to the machine's is learned slower than the
+# machine's own ratio, so that a drift while one shape runs moves the machine's, not the shape's
 
 
 _UNKNOWN = object()
 
 
-def _fade(old: float | None, new: float) -> float:
-    return new if old is None else old + EMA * (new - old)
+def _fade(old: float | None, new: float, rate: float = EMA) -> float:
+    return new if old is None else old + rate * (new - old)
 
 
 @dataclass
 class TimeScales:
-    """Real round time / calibrated round time, as fading averages: per shape (None = a plain
-    step), per family (plain, chain, tree) and over all rounds."""
+    """Real round time / calibrated round time, as the machine's ratio ``overall`` (a fading
+    average over all rounds of what each implies, given its shape's factor) times a factor per
+    drafting shape and family (chain, tree): the extra work of drafting rounds that calibration
+    misses. A plain step is the reference (factor 1), so that while only plain steps run, a
+    slower or faster machine carries over to the drafting shapes instead of leaving them at the
+    speed they had when they last ran."""
 
     shapes: dict[TreeConfig | None, float] = field(default_factory=dict)
     families: dict[str, float] = field(default_factory=dict)
     overall: float | None = None
 
     def of(self, tree: TreeConfig | None) -> float:
-        """The shape's own ratio once it ran, else its family's, else that of all rounds."""
-        return self.shapes.get(tree) or self.families.get(_family(tree)) or self.overall or 1.0
+        """The machine's ratio times the shape's own factor once it ran, else its family's."""
+        return (self.overall or 1.0) * self.relative(tree)
+
+    def relative(self, tree: TreeConfig | None) -> float:
+        if tree is None:
+            return 1.0
+        return self.shapes.get(tree) or self.families.get(_family(tree)) or 1.0
 
     def observe(self, tree: TreeConfig | None, ratio: float) -> None:
+        # the machine's ratio as this round implies it, given what is known of its shape
+        self.overall = _fade(self.overall, ratio / self.relative(tree))
+        if tree is None:
+            return
+        relative = ratio / self.overall
         family = _family(tree)
-        self.shapes[tree] = _fade(self.shapes.get(tree), ratio)
-        self.families[family] = _fade(self.families.get(family), ratio)
-        self.overall = _fade(self.overall, ratio)
+        self.shapes[tree] = _fade(self.shapes.get(tree), relative, SHAPE_TIME_EMA)
+        self.families[family] = _fade(self.families.get(family), relative, SHAPE_TIME_EMA)
 
 
 @dataclass
@@ -95,10 +116,10 @@ class TreePolicy:
     """Per-generation choice of the next round's tree (None = a plain step, no drafting).
 
     Two estimates of a shape's tokens per round, blended as the second accumulates:
-    - a model: per depth, how often the head's first guess is the target's token, and how
-      often, once the first guess failed, the next one holds it (the tail ratio, from the rank
+    - a model: per depth, how often the head's first guess is the target's token, and per
+      sibling rank, how often that guess holds it once the earlier ones failed (from the rank
       of every accepted or rejected sibling), so that width is priced from what second and
-      third guesses actually buy;
+      third guesses actually buy, not from what a tenth guess buys;
     - the shape's own replays (replay.py): every verified tree tells what each shape it covers
       would have accepted on the same text.
     Every SCOUT_EVERY rounds the policy verifies the cheapest shape covering its choice, wider
@@ -109,8 +130,14 @@ class TreePolicy:
     ladder: tuple[TreeConfig, ...] = LADDER  # SAMPLED_LADDER for temperature > 0
     rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)  # first-guess hits
     seen: list[int] = field(default_factory=lambda: [0] * 8)  # rounds that reached each level
-    tail: tuple[float, float] = (PRIOR_TAIL, 1.0)  # fading counts past the first guess:
-    # guesses that were wrong, guesses tried; their ratio = chance the next guess fails too
+    # per rank past the first guess (second, third, ...): fading counts of the times it was
+    # wrong and of the times it was tried, each once the guesses before it had failed
+    tails: list[tuple[float, float]] = field(
+        default_factory=lambda: [
+            (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT)
+            for rank in range(1, MAX_GUESSES)
+        ]
+    )
     # Per shape, over the rounds that replayed it (fading sums, so they follow the text): its
     # tokens, the tokens of the one-draft shape on the same rounds, and the rounds counted.
     # Paired with the same rounds, the ratio of the two sums compares shapes on the same text.
@@ -154,17 +181,24 @@ class TreePolicy:
         if self.plain_steps >= self.probe_gap:  # look again: the text may have become easy
             self.plain_steps = 0
             self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)
-            return self.ladder[0]
+            # the shape that would run if drafts paid: its round teaches the depths and ranks
+            # that decide whether they do (a single draft would only teach the first guess)
+            return self.best_drafting_tree()
         return None
 
     def best_tree(self) -> TreeConfig | None:
         """The shape with the most expected tokens per second (None: a plain step)."""
-        best, best_speed = None, 1.0 / self.round_s(None)
-        for tree in self.ladder:
-            speed = self.expected_tokens(tree) / self.round_s(tree)
-            if speed > best_speed:
-                best, best_speed = tree, speed
-        return best
+        tree = self.best_drafting_tree()
+        if self.seen[0] < MIN_EVIDENCE:
+            return tree
+        return tree if self.speed(tree) > 1.0 / self.round_s(None) else None
+
+    def best_drafting_tree(self) -> TreeConfig:
+        return max(self.ladder, key=self.speed)  # the first of equals: the smallest
+
+    def speed(self, tree: TreeConfig) -> float:
+        """Expected tokens per second of rounds of ``tree``."""
+        return self.expected_tokens(tree) / self.round_s(tree)
 
     def scout(self, best: TreeConfig) -> TreeConfig:
         """The cheapest other shape that covers ``best``: wider and deeper by turns (a chain's
@@ -204,14 +238,25 @@ class TreePolicy:
         """1 + sum over depths of the chance that every level so far held the target's token
         among the guesses a node of this shape gets (about (N - 1) / D of them, at most K)."""
         guesses = max(1.0, min(float(tree.top_k), (tree.total_tokens - 1) / tree.depth))
-        wrong, tried = self.tail
-        tail = wrong / tried
+        later_wrong = 1.0  # chance that every guess past the first fails too
+        for rank, wrong in enumerate(self.tail_rates(), start=1):
+            later_wrong *= wrong ** min(max(guesses - rank, 0.0), 1.0)
         total, reach = 1.0, 1.0
         for depth in range(tree.depth):
             first = self.rates[min(depth, len(self.rates) - 1)]
-            reach *= min(1.0 - (1.0 - first) * tail ** (guesses - 1.0), 0.99)
+            reach *= min(1.0 - (1.0 - first) * later_wrong, 0.99)
             total += reach
         return total
+
+    def tail_rates(self) -> list[float]:
+        """Per rank past the first, the chance that guess is wrong once the earlier ones were;
+        never below the rank before it (a later guess is not likelier right), which also lets
+        ranks seldom tried borrow from those tried often."""
+        rates, floor = [], 0.0
+        for wrong, tried in self.tails:
+            floor = max(floor, wrong / tried)
+            rates.append(floor)
+        return rates
 
     # ---- learning ------------------------------------------------------------------------
     def observe_verified(self, shape: TreeConfig, tree: DraftTree, acceptance: Acceptance) -> None:
@@ -270,7 +315,6 @@ class TreePolicy:
     def _observe_ranks(
         self, outcomes: list[tuple[int | None, int]], deepest: bool, depth: int
     ) -> None:
-        wrong, tried = self.tail
         fade = 1.0 - EMA
         for level, (rank, guesses) in enumerate(outcomes):
             if level < len(self.rates):
@@ -279,13 +323,13 @@ class TreePolicy:
                 weight = max(EMA, 1.0 / (self.seen[level] + 1.0 + PRIOR_WEIGHT))
                 self.rates[level] += weight * (hit - self.rates[level])
                 self.seen[level] += 1
-            # past the first guess: guesses 1..rank were tried, all but the last wrong; or all
+            # past the first guess: ranks 1..rank were tried, all but the last wrong; or all
             # the level's guesses were tried and wrong
-            extra = guesses - 1 if rank is None else rank
-            if extra > 0:
-                wrong = fade * wrong + (extra if rank is None else extra - 1)
-                tried = fade * tried + extra
-        self.tail = (wrong, tried)
+            last = min(guesses - 1 if rank is None else rank, len(self.tails))
+            for index in range(last):
+                wrong, tried = self.tails[index]
+                missed = rank is None or index + 1 < rank
+                self.tails[index] = (fade * wrong + missed, fade * tried + 1.0)
         self.observed_levels = max(self.observed_levels, len(outcomes))
         if deepest:  # the whole depth was accepted: deeper may well pay too
             self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon

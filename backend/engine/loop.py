@@ -81,6 +81,9 @@ class Decoding:
     cache: Any = None
     root: int = 0  # the last accepted token, not yet in the cache
     start: float = 0.0
+    # True after the prefill and after plain steps: the next draft first runs the head over
+    # those tokens, a one-off cost that the calibrated round costs leave out
+    head_behind: bool = True
 
     def __post_init__(self) -> None:
         self.generator = make_generator(self.config.sampling.seed)
@@ -133,7 +136,9 @@ class Decoding:
         if self.policy is not None:
             if shape is not None:
                 self.policy.observe_verified(shape, tree, acceptance)
-            self.policy.observe_time(shape if tree.size > 1 else None, now(device) - t0)
+            if shape is None or not self.head_behind:  # a catch-up is no lesson on round time
+                self.policy.observe_time(shape if tree.size > 1 else None, now(device) - t0)
+            self.head_behind = shape is None
         accepted = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
         label = shape.label() if shape is not None and tree.size > 1 else "plain"
         self.stats.add_round(len(tokens), tree.size, t1 - t0, t2 - t1)

@@ -7,7 +7,13 @@ import random
 import pytest
 
 from backend.config import TreeConfig
-from backend.engine.autotune import FIRST_PROBE_AFTER, LADDER, SCOUT_EVERY, TreePolicy
+from backend.engine.autotune import (
+    FIRST_PROBE_AFTER,
+    LADDER,
+    MIN_EVIDENCE,
+    SCOUT_EVERY,
+    TreePolicy,
+)
 from backend.engine.calibration import MEASURED_SIZES, CostModel
 from backend.engine.replay import covers
 from tests.engine.helpers import make_runner, run
@@ -146,9 +152,8 @@ def test_sampled_policy_only_considers_chains() -> None:
 
 def test_a_new_request_probes_at_once_after_a_back_off() -> None:
     policy = trained(TreePolicy(CPU_LIKE), 0.0, rounds=12)
-    while (tree := policy.choose()) is not None:  # let a pending probe fail
-        policy.observe(tree, 0)
-    assert policy.choose() is None  # backed off within the old reply
+    while (tree := policy.choose()) is not None:  # let a pending probe fail: the loop ends
+        policy.observe(tree, 0)  # on a plain step, backed off within the old reply
     policy.begin_request()
     assert policy.choose() == LADDER[0]  # the new prompt gets a probe on its first round
     policy.observe(LADDER[0], 0)
@@ -222,7 +227,7 @@ def test_rank_outcomes_price_width() -> None:
         often.observe(TreeConfig(16, 5, 4), 1, outcomes=[(1, 4), (None, 4)])
         rarely.observe(TreeConfig(16, 5, 4), 1, outcomes=[(0, 4), (None, 4)])
     wide, narrow = TreeConfig(16, 5, 10), TreeConfig(6, 5, 1)
-    assert often.tail[0] / often.tail[1] < rarely.tail[0] / rarely.tail[1]
+    assert often.tail_rates()[0] < rarely.tail_rates()[0]
     gain_often = often.modelled_tokens(wide) / often.modelled_tokens(narrow)
     gain_rarely = rarely.modelled_tokens(wide) / rarely.modelled_tokens(narrow)
     assert gain_often > gain_rarely
@@ -261,7 +266,7 @@ def test_real_round_times_correct_the_calibrated_costs() -> None:
     the policy's costs follow the real rounds, per shape and for the shape's family."""
     policy = TreePolicy(CPU_LIKE)
     chain, tree = TreeConfig(7, 6, 1), TreeConfig(16, 5, 4)
-    for _ in range(60):
+    for _ in range(200):  # a shape's own factor is learned slowly (drift is learned fast)
         policy.observe_time(chain, 2.0 * CPU_LIKE.round_s(chain))
         policy.observe_time(tree, CPU_LIKE.round_s(tree))
     assert policy.round_s(chain) == pytest.approx(2.0 * CPU_LIKE.round_s(chain), rel=1e-3)
@@ -272,6 +277,84 @@ def test_real_round_times_correct_the_calibrated_costs() -> None:
     )
     policy.observe_time(tree, 100.0)  # a stall counts as at most 4x
     assert policy.round_s(tree) <= 4.0 * CPU_LIKE.round_s(tree)
+
+
+def test_shapes_not_run_for_a_while_follow_the_machines_drift() -> None:
+    """Trees ran as calibrated, then the machine got twice as slow while only plain steps
+    ran: the trees' expected round time doubles too instead of keeping its old speed (which
+    would make drafting look worse, or better, than it is when plain steps are compared)."""
+    policy = TreePolicy(CPU_LIKE)
+    tree = TreeConfig(8, 4, 2)
+    for _ in range(30):
+        policy.observe_time(tree, CPU_LIKE.round_s(tree))
+        policy.observe_time(None, CPU_LIKE.round_s(None))
+    for _ in range(60):
+        policy.observe_time(None, 2.0 * CPU_LIKE.round_s(None))
+    assert policy.round_s(None) == pytest.approx(2.0 * CPU_LIKE.round_s(None), rel=0.02)
+    assert policy.round_s(tree) == pytest.approx(2.0 * CPU_LIKE.round_s(tree), rel=0.02)
+
+
+def test_a_failing_tenth_guess_does_not_make_the_second_look_bad() -> None:
+    """Each sibling rank has its own odds: a head whose second guess holds half the time its
+    first fails, and whose later guesses never do, prices a 2-wide level from the second
+    guess alone. One pooled ratio over all ranks would drown it in the wide trees' misses."""
+    policy = TreePolicy(CPU_LIKE)
+    wide = TreeConfig(16, 5, 10)
+    for index in range(80):
+        first = [(0, 10), (1, 10), (None, 10), (0, 10)][index % 4]
+        policy.observe(wide, 0 if first[0] is None else 1, {wide: 0}, [first])
+    tails = policy.tail_rates()
+    assert tails[0] == pytest.approx(0.5, abs=0.1)
+    assert tails[2] > 0.9
+    assert all(later >= earlier for earlier, later in zip(tails, tails[1:]))
+
+
+def test_two_unlucky_first_rounds_do_not_switch_drafting_off() -> None:
+    """Once drafting is off, only rare probes teach; so a couple of failed rounds at the start
+    (a partly right head has them) must not switch it off before enough rounds are seen."""
+    policy = TreePolicy(CPU_LIKE)
+    for _ in range(2):
+        tree = policy.choose()
+        assert tree is not None
+        policy.observe(tree, 0)
+    assert policy.choose() is not None
+    for _ in range(MIN_EVIDENCE):  # a head that keeps failing is switched off after that
+        policy.observe(policy.choose() or LADDER[0], 0)
+    assert policy.best_tree() is None
+
+
+def test_probes_after_a_back_off_verify_the_shape_drafting_would_use() -> None:
+    """Drafts half right, but verifying costs so much here that plain steps win: the probe is
+    the best drafting shape, whose round teaches several depths, not a single draft."""
+    steep = CostModel({n: 0.005 * (1 + (n > 1) * (2 + 0.2 * n)) for n in MEASURED_SIZES}, 0.0005)
+    policy = trained(TreePolicy(steep), 0.5)
+    assert policy.best_tree() is None
+    probes = [tree for tree in (policy.choose() for _ in range(2 * FIRST_PROBE_AFTER)) if tree]
+    assert probes and probes[0] == policy.best_drafting_tree() and probes[0].depth > 1
+
+
+def test_the_first_drafted_round_after_the_prompt_or_plain_steps_is_not_timed(
+    monkeypatch,
+) -> None:
+    """That round also runs the head over the tokens it has not seen (the prompt, or those of
+    the plain steps), a one-off the calibrated round costs leave out: learning its time would
+    make drafting look slower than it is."""
+    timed, chosen = [], []
+    choose = TreePolicy.choose
+
+    def spy_choose(self):
+        chosen.append(choose(self))
+        return chosen[-1]
+
+    monkeypatch.setattr(TreePolicy, "choose", spy_choose)
+    monkeypatch.setattr(TreePolicy, "observe_time", lambda self, tree, s: timed.append(tree))
+    target, head = easy_llama_pair()
+    runner, drafter = make_runner(target, head)
+    run(runner, drafter, [1, 2, 3, 4], mode="eagle", max_new_tokens=40, costs=CPU_LIKE)
+    behind = [True] + [shape is None for shape in chosen[:-1]]
+    expected = [s for s, late in zip(chosen, behind) if s is None or not late]
+    assert chosen[0] is not None and len(timed) == len(expected) < len(chosen)
+    assert timed == expected
 
 
 def test_full_rounds_do_not_keep_reviving_a_depth_where_drafts_fail() -> None:
