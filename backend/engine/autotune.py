@@ -56,25 +56,31 @@ SAMPLED_LADDER: tuple[TreeConfig, ...] = tuple(
 )
 PRIOR_RATE = 0.5  # conditional acceptance assumed before any observation
 PRIOR_WEIGHT = 2.0  # the prior counts as this many rounds, so the first rounds teach fast
-EMA = 0.15  # weight of the newest round in the acceptance estimates, once past those
+EMA = 0.07  # weight of the newest round in the acceptance estimates, once past those
 PRIOR_NEXT = 0.5  # chance the guess of rank i (second = 1) holds once the earlier ones failed,
 # assumed as PRIOR_NEXT / i: later guesses share what probability the first ones left
+LONG_EMA = 0.01  # the same estimates over a long memory, which the short ones return to while
+RETURN = 0.05  # drafting is off, by this share per plain step (else they stay at the values of
+# the unlucky rounds that switched it off, which the rare probes mend only slowly)
 MIN_EVIDENCE = 6  # drafted rounds seen before plain steps may win: one or two unlucky rounds
 # of a head that pays must not switch drafting off (it then learns only from rare probes)
 MAX_GUESSES = max(tree.top_k for tree in LADDER)  # siblings per node, at most
 FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_PROBE_GAP
 MAX_PROBE_GAP = 64
+CLOSE_PROBE_GAP = 3  # plain steps between probes when drafting would pay at acceptance rates
+# one standard error above the estimates (a close call: the estimates may be unlucky)
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
-SHAPE_TIME_EMA = EMA / 4  # a shape's time relative to the machine's is learned slower than the
+TIME_EMA = 0.15  # weight of the newest round in the machine's time ratio (a shared CPU drifts)
+SHAPE_TIME_EMA = TIME_EMA / 4  # a shape's time relative to the machine's is learned slower than the
 # machine's own ratio, so that a drift while one shape runs moves the machine's, not the shape's
 
 
 _UNKNOWN = object()
 
 
-def _fade(old: float | None, new: float, rate: float = EMA) -> float:
+def _fade(old: float | None, new: float, rate: float = TIME_EMA) -> float:
     return new if old is None else old + rate * (new - old)
 
 
@@ -129,10 +135,17 @@ class TreePolicy:
     costs: CostModel
     ladder: tuple[TreeConfig, ...] = LADDER  # SAMPLED_LADDER for temperature > 0
     rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)  # first-guess hits
+    long_rates: list[float] = field(default_factory=lambda: [PRIOR_RATE] * 8)
     seen: list[int] = field(default_factory=lambda: [0] * 8)  # rounds that reached each level
     # per rank past the first guess (second, third, ...): fading counts of the times it was
     # wrong and of the times it was tried, each once the guesses before it had failed
     tails: list[tuple[float, float]] = field(
+        default_factory=lambda: [
+            (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT)
+            for rank in range(1, MAX_GUESSES)
+        ]
+    )
+    long_tails: list[tuple[float, float]] = field(  # the same counts over a long memory
         default_factory=lambda: [
             (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT)
             for rank in range(1, MAX_GUESSES)
@@ -148,6 +161,7 @@ class TreePolicy:
     probe_gap: int = FIRST_PROBE_AFTER
     rounds_since_scout: int = 0
     scouts: int = 0
+    probes: int = 0  # close-call probes so far
     observed_levels: int = 0  # depths whose outcome some round has shown (the rest are guessed)
     _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
 
@@ -178,13 +192,31 @@ class TreePolicy:
                 return self.scout(best)
             return best
         self.plain_steps += 1
+        self._return_to_long_run()
         if self.plain_steps >= self.probe_gap:  # look again: the text may have become easy
             self.plain_steps = 0
-            self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)
             # the shape that would run if drafts paid: its round teaches the depths and ranks
             # that decide whether they do (a single draft would only teach the first guess)
-            return self.best_drafting_tree()
+            probe = self.best_drafting_tree()
+            hopeful = self.modelled_tokens(probe, self.hopeful_rates()) / self.round_s(probe)
+            if hopeful < 1.0 / self.round_s(None):  # worse even if luck was against it: look
+                self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)  # less and less often
+            else:  # a close call on estimates from few rounds: keep looking at the same pace,
+                self.probe_gap = CLOSE_PROBE_GAP  # every other time through a shape that
+                self.probes += 1  # covers it, wider or deeper (what it does not teach)
+                if self.probes % 2 == 0:
+                    return self.scout(probe)
+            return probe
         return None
+
+    def _return_to_long_run(self) -> None:
+        for level, long_rate in enumerate(self.long_rates):
+            self.rates[level] += RETURN * (long_rate - self.rates[level])
+        for index, ((wrong, tried), (long_wrong, long_tried)) in enumerate(
+            zip(self.tails, self.long_tails)
+        ):
+            self.tails[index] = (wrong + RETURN * (tried * long_wrong / long_tried - wrong), tried)
+        self._best = _UNKNOWN
 
     def best_tree(self) -> TreeConfig | None:
         """The shape with the most expected tokens per second (None: a plain step)."""
@@ -234,7 +266,15 @@ class TreePolicy:
         replayed = self.reference_tokens * tokens / reference
         return (weight * replayed + MODEL_WEIGHT * modelled) / (weight + MODEL_WEIGHT)
 
-    def modelled_tokens(self, tree: TreeConfig) -> float:
+    def hopeful_rates(self) -> list[float]:
+        """Each depth's first-guess rate one standard error up, from the rounds it rests on."""
+        hopeful = []
+        for rate, seen in zip(self.rates, self.seen):
+            rounds = min(seen, 1.0 / EMA) + PRIOR_WEIGHT
+            hopeful.append(min(1.0, rate + (rate * (1.0 - rate) / rounds) ** 0.5))
+        return hopeful
+
+    def modelled_tokens(self, tree: TreeConfig, rates: list[float] | None = None) -> float:
         """1 + sum over depths of the chance that every level so far held the target's token
         among the guesses a node of this shape gets (about (N - 1) / D of them, at most K)."""
         guesses = max(1.0, min(float(tree.top_k), (tree.total_tokens - 1) / tree.depth))
@@ -243,7 +283,7 @@ class TreePolicy:
             later_wrong *= wrong ** min(max(guesses - rank, 0.0), 1.0)
         total, reach = 1.0, 1.0
         for depth in range(tree.depth):
-            first = self.rates[min(depth, len(self.rates) - 1)]
+            first = (rates or self.rates)[min(depth, len(self.rates) - 1)]
             reach *= min(1.0 - (1.0 - first) * later_wrong, 0.99)
             total += reach
         return total
@@ -320,8 +360,9 @@ class TreePolicy:
             if level < len(self.rates):
                 hit = 1.0 if rank == 0 else 0.0
                 # a mean over the prior and the rounds so far, a fading average after that
-                weight = max(EMA, 1.0 / (self.seen[level] + 1.0 + PRIOR_WEIGHT))
-                self.rates[level] += weight * (hit - self.rates[level])
+                mean = 1.0 / (self.seen[level] + 1.0 + PRIOR_WEIGHT)
+                self.rates[level] += max(EMA, mean) * (hit - self.rates[level])
+                self.long_rates[level] += max(LONG_EMA, mean) * (hit - self.long_rates[level])
                 self.seen[level] += 1
             # past the first guess: ranks 1..rank were tried, all but the last wrong; or all
             # the level's guesses were tried and wrong
@@ -330,6 +371,11 @@ class TreePolicy:
                 wrong, tried = self.tails[index]
                 missed = rank is None or index + 1 < rank
                 self.tails[index] = (fade * wrong + missed, fade * tried + 1.0)
+                wrong, tried = self.long_tails[index]
+                self.long_tails[index] = (
+                    (1.0 - LONG_EMA) * wrong + missed,
+                    (1.0 - LONG_EMA) * tried + 1.0,
+                )
         self.observed_levels = max(self.observed_levels, len(outcomes))
         if deepest:  # the whole depth was accepted: deeper may well pay too
             self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon

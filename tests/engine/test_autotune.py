@@ -8,6 +8,7 @@ import pytest
 
 from backend.config import TreeConfig
 from backend.engine.autotune import (
+    CLOSE_PROBE_GAP,
     FIRST_PROBE_AFTER,
     LADDER,
     MIN_EVIDENCE,
@@ -331,6 +332,42 @@ def test_probes_after_a_back_off_verify_the_shape_drafting_would_use() -> None:
     assert policy.best_tree() is None
     probes = [tree for tree in (policy.choose() for _ in range(2 * FIRST_PROBE_AFTER)) if tree]
     assert probes and probes[0] == policy.best_drafting_tree() and probes[0].depth > 1
+
+
+def test_close_calls_are_probed_often_and_clear_losses_less_and_less() -> None:
+    """Plain steps win on the estimates, but at acceptance rates one standard error up drafting
+    would pay: the estimates may just be unlucky, so probes keep coming at a short, steady
+    pace. A head whose drafts never hold is probed less and less often."""
+    costs = CostModel({n: 0.005 * (1 + (n > 1) * (0.5 + 0.02 * n)) for n in MEASURED_SIZES}, 5e-4)
+    close = trained(TreePolicy(costs), 0.45)
+    assert close.best_tree() is None
+    picks = [close.choose() for _ in range(8 * CLOSE_PROBE_GAP)]
+    probes = [index for index, tree in enumerate(picks) if tree is not None]
+    assert len(probes) >= 6 and {b - a for a, b in zip(probes, probes[1:])} == {CLOSE_PROBE_GAP}
+    hopeless = TreePolicy(costs)
+    for _ in range(12):  # every guess at every rank fails
+        tree = hopeless.choose() or LADDER[0]
+        failed = {shape: 0 for shape in hopeless.covered_shapes(tree)}
+        hopeless.observe(tree, 0, failed, [(None, tree.top_k)])
+    picks = [hopeless.choose() for _ in range(8 * FIRST_PROBE_AFTER)]
+    probes = [index for index, tree in enumerate(picks) if tree is not None]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps and all(later > earlier for earlier, later in zip(gaps, gaps[1:]))
+
+
+def test_estimates_return_to_the_long_run_while_drafting_is_off() -> None:
+    """A bad stretch after a long good run switches drafting off; while it is off the short
+    estimates drift back toward the long-run ones instead of staying where the bad stretch
+    left them until rare probes mend them."""
+    policy = trained(TreePolicy(CPU_LIKE), 0.6, rounds=200)
+    for _ in range(10):  # every guess at every rank fails
+        tree = policy.choose() or LADDER[0]
+        policy.observe(tree, 0, {shape: 0 for shape in policy.covered_shapes(tree)}, [(None, 1)])
+    low, long_run = policy.rates[0], policy.long_rates[0]
+    assert low < long_run - 0.2 and policy.best_tree() is None
+    for _ in range(30):  # plain steps only: what moves the estimates is the return alone
+        assert policy.choose() is None or policy.plain_steps == 0
+    assert abs(policy.rates[0] - long_run) < 0.5 * (long_run - low)
 
 
 def test_the_first_drafted_round_after_the_prompt_or_plain_steps_is_not_timed(
