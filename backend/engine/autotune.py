@@ -139,17 +139,9 @@ class TreePolicy:
     seen: list[int] = field(default_factory=lambda: [0] * 8)  # rounds that reached each level
     # per rank past the first guess (second, third, ...): fading counts of the times it was
     # wrong and of the times it was tried, each once the guesses before it had failed
-    tails: list[tuple[float, float]] = field(
-        default_factory=lambda: [
-            (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT)
-            for rank in range(1, MAX_GUESSES)
-        ]
-    )
+    tails: list[tuple[float, float]] = field(default_factory=lambda: _prior_tails())
     long_tails: list[tuple[float, float]] = field(  # the same counts over a long memory
-        default_factory=lambda: [
-            (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT)
-            for rank in range(1, MAX_GUESSES)
-        ]
+        default_factory=lambda: _prior_tails()
     )
     # Per shape, over the rounds that replayed it (fading sums, so they follow the text): its
     # tokens, the tokens of the one-draft shape on the same rounds, and the rounds counted.
@@ -195,19 +187,23 @@ class TreePolicy:
         self._return_to_long_run()
         if self.plain_steps >= self.probe_gap:  # look again: the text may have become easy
             self.plain_steps = 0
-            # the shape that would run if drafts paid: its round teaches the depths and ranks
-            # that decide whether they do (a single draft would only teach the first guess)
-            probe = self.best_drafting_tree()
-            hopeful = self.modelled_tokens(probe, self.hopeful_rates()) / self.round_s(probe)
-            if hopeful < 1.0 / self.round_s(None):  # worse even if luck was against it: look
-                self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)  # less and less often
-            else:  # a close call on estimates from few rounds: keep looking at the same pace,
-                self.probe_gap = CLOSE_PROBE_GAP  # every other time through a shape that
-                self.probes += 1  # covers it, wider or deeper (what it does not teach)
-                if self.probes % 2 == 0:
-                    return self.scout(probe)
-            return probe
+            return self.probe()
         return None
+
+    def probe(self) -> TreeConfig:
+        """The shape that would run if drafts paid: its round teaches the depths and ranks that
+        decide whether they do (a single draft would only teach the first guess). Sets when
+        the next probe comes."""
+        probe = self.best_drafting_tree()
+        hopeful = self.modelled_tokens(probe, self.hopeful_rates()) / self.round_s(probe)
+        if hopeful < 1.0 / self.round_s(None):  # worse even if luck was against it: look
+            self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)  # less and less often
+            return probe
+        # a close call on estimates from few rounds: keep looking at the same pace, every other
+        # time through a shape that covers it, wider or deeper (what it does not teach)
+        self.probe_gap = CLOSE_PROBE_GAP
+        self.probes += 1
+        return self.scout(probe) if self.probes % 2 == 0 else probe
 
     def _return_to_long_run(self) -> None:
         for level, long_rate in enumerate(self.long_rates):
@@ -368,14 +364,9 @@ class TreePolicy:
             # the level's guesses were tried and wrong
             last = min(guesses - 1 if rank is None else rank, len(self.tails))
             for index in range(last):
-                wrong, tried = self.tails[index]
                 missed = rank is None or index + 1 < rank
-                self.tails[index] = (fade * wrong + missed, fade * tried + 1.0)
-                wrong, tried = self.long_tails[index]
-                self.long_tails[index] = (
-                    (1.0 - LONG_EMA) * wrong + missed,
-                    (1.0 - LONG_EMA) * tried + 1.0,
-                )
+                self.tails[index] = _count(self.tails[index], missed, fade)
+                self.long_tails[index] = _count(self.long_tails[index], missed, 1.0 - LONG_EMA)
         self.observed_levels = max(self.observed_levels, len(outcomes))
         if deepest:  # the whole depth was accepted: deeper may well pay too
             self.probe_gap = FIRST_PROBE_AFTER  # and if this was a probe, look again soon
@@ -384,6 +375,19 @@ class TreePolicy:
             # what it showed (else every full round would revive a depth where drafts fail)
             for level in range(max(depth, self.observed_levels), len(self.rates)):
                 self.rates[level] = max(self.rates[level], top)
+
+
+def _prior_tails() -> list[tuple[float, float]]:
+    """(wrong, tried) per rank past the first: PRIOR_NEXT / rank right, as PRIOR_WEIGHT tries."""
+    return [
+        (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT) for rank in range(1, MAX_GUESSES)
+    ]
+
+
+def _count(counts: tuple[float, float], missed: bool, keep: float) -> tuple[float, float]:
+    """Fading (wrong, tried) counts after one more try."""
+    wrong, tried = counts
+    return keep * wrong + missed, keep * tried + 1.0
 
 
 def _family(tree: TreeConfig | None) -> str:

@@ -360,7 +360,7 @@ def test_estimates_return_to_the_long_run_while_drafting_is_off() -> None:
     estimates drift back toward the long-run ones instead of staying where the bad stretch
     left them until rare probes mend them."""
     policy = trained(TreePolicy(CPU_LIKE), 0.6, rounds=200)
-    for _ in range(10):  # every guess at every rank fails
+    for _ in range(10):  # nothing is accepted: the first level's guess fails every round
         tree = policy.choose() or LADDER[0]
         policy.observe(tree, 0, {shape: 0 for shape in policy.covered_shapes(tree)}, [(None, 1)])
     low, long_run = policy.rates[0], policy.long_rates[0]
