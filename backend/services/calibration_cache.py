@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
 from backend.engine.device import hardware_name
 from backend.engine.readout import Forms
+from backend.services.cache_home import cache_home
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("EAGLECHAT_CACHE_DIR") or Path.home() / ".cache" / "eaglechat"
-    return Path(root) / "calibration"
+    return cache_home() / "calibration"
 
 
 def files_fingerprint(path: str | None) -> list[tuple[str, int, int]]:

@@ -34,7 +34,7 @@ from backend.engine.readout import Forms, describe, speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
-from backend.services import calibration_cache
+from backend.services import calibration_cache, gguf_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
@@ -128,25 +128,30 @@ def _pretrained_kwargs(config: LoadConfig, dtype: torch.dtype, device: torch.dev
 
 
 def _weights_label(
-    config: LoadConfig, source: TargetSource, quantized: bool, dtype_name: str
+    config: LoadConfig, source: TargetSource, quantized: bool, dtype_name: str, converted: bool
 ) -> str:
     if source.is_gguf:
         return f"GGUF weights, dequantized to {dtype_name}"
-    return f"{config.quantization} weights" if quantized else f"{dtype_name} weights"
+    what = f"{config.quantization} weights" if quantized else f"{dtype_name} weights"
+    return f"{what} (GGUF file converted at an earlier load)" if converted else what
 
 
 def _load_target(
-    config: LoadConfig,
-    target_path: str,
-    source: TargetSource,
-    kwargs: dict[str, Any],
-    dtype_name: str,
+    prepared: PreparedLoad, kwargs: dict[str, Any], dtype_name: str
 ) -> Generator[Progress, None, tuple[Any, Any]]:
-    """Tokenizer, then the target's weights: load errors become clear messages."""
+    """Tokenizer, then the target's weights: load errors become clear messages. A GGUF file is
+    read from its kept conversion when there is one, and kept after its first float32 load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    config, target_path = prepared.config, prepared.target_path
+    original = local_source(target_path)
+    converted = gguf_cache.converted_source(original)
+    source = converted or original
+    kwargs = {**kwargs, **source.pretrained_kwargs()}
+    if source.is_gguf:  # the config read at validation: one whole-metadata read fewer
+        kwargs["config"] = prepared.target_config
     quantized = kwargs.get("quantization_config") is not None
-    what = _weights_label(config, source, quantized, dtype_name)
+    what = _weights_label(config, source, quantized, dtype_name, converted is not None)
     yield Progress("load", 1, _LOAD_STEPS, "steps", "tokenizer")
     with _load_errors(config, target_path):
         tokenizer = AutoTokenizer.from_pretrained(
@@ -159,6 +164,9 @@ def _load_target(
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
+    if source.is_gguf and gguf_cache.worth_keeping(model):
+        yield Progress("load", 2, _LOAD_STEPS, "steps", "keeping the converted GGUF weights")
+        gguf_cache.keep_conversion(source, model, tokenizer)
     return tokenizer, model
 
 
@@ -168,12 +176,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
     kwargs = _pretrained_kwargs(config, dtype, device)
-    source = local_source(prepared.target_path)
-    kwargs.update(source.pretrained_kwargs())
     dtype_name = str(dtype).removeprefix("torch.")
-    tokenizer, model = yield from _load_target(
-        config, prepared.target_path, source, kwargs, dtype_name
-    )
+    tokenizer, model = yield from _load_target(prepared, kwargs, dtype_name)
 
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from backend.errors import ConfigError, IncompatibleHeadError
+from backend.services.gguf_cache import converted_source
 from backend.services.target_source import local_source
 from models.heads.config import HeadConfig, HeadKind
 from models.heads.eagle3 import MIN_TARGET_LAYERS
@@ -24,6 +25,7 @@ def read_target_config(path: str, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
 
     source = local_source(path)
+    source = converted_source(source) or source
     try:
         return AutoConfig.from_pretrained(
             source.directory, trust_remote_code=trust_remote_code, **source.pretrained_kwargs()

@@ -20,17 +20,21 @@ import pytest
 import torch
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
+from backend.engine.progress import drain
 from backend.engine.tree import DraftTree
 from backend.events import Finished, RoundCompleted
+from backend.services import gguf_cache
 from backend.services.catalog import REPO_ROOT, find_pair
-from backend.services.loading import LoadedPair, load_pair
+from backend.services.loading import LoadedPair, load_pair, load_steps, prepare
 from backend.services.planning import plan_pair
+from backend.services.target_source import local_source
 from tests.engine.helpers import path_tokens
 
 pytestmark = pytest.mark.real_model
 
 PAIR = "gemma3-270m"
 CONTEXT = 1500  # tokens of prompt: nearly three times the 512-token window
+TEXT = "The capital of France is Paris.\n\tÉcoute ça: 日本語 <start_of_turn>user ok"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,25 @@ def test_loads_from_the_package_as_a_gguf_base_model(gemma: LoadedPair) -> None:
     assert gemma.info.prompt_format == "plain completion"  # a base model: no chat template
     layout = gemma.engine.runner.layout
     assert layout.per_type_masks and layout.windows["sliding_attention"] == 512
+
+
+def test_a_second_load_reads_the_kept_conversion(gemma: LoadedPair) -> None:
+    """The fixture's load kept the dequantized file as a transformers folder; loading the same
+    file again reads that folder instead of the GGUF metadata and gives the same model."""
+    assert gguf_cache.converted_source(local_source(gemma.target_path)) is not None
+    spec = find_pair(PAIR)
+    config = LoadConfig(target=spec.target, head=spec.head, dtype="float32")
+    events: list = []
+    again = drain(load_steps(prepare(config, gemma.target_path, gemma.head_path)), events.append)
+    assert any("converted at an earlier load" in e.message for e in events)
+    assert again.target_path == gemma.target_path  # still named (and cached) by its GGUF file
+    prompt = long_prompt(gemma, 64)
+    assert again.tokenizer.decode(prompt) == gemma.tokenizer.decode(prompt)
+    assert again.tokenizer(TEXT)["input_ids"] == gemma.tokenizer(TEXT)["input_ids"]
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        assert torch.equal(again.model(ids).logits, gemma.model(ids).logits)
+    assert again.info == gemma.info
 
 
 def test_greedy_eagle_equals_vanilla_and_generate_at_a_long_context(gemma: LoadedPair) -> None:
@@ -108,7 +131,8 @@ def test_tree_rows_see_what_sequential_decoding_sees_past_the_window(gemma: Load
     with torch.inference_mode():
         for node in range(tree.size):
             path = path_tokens(tree, node)
-            reference = gemma.model(torch.tensor([prefix[:-1] + path])).logits[0, -1]
+            ids = torch.tensor([prefix[:-1] + path])
+            reference = gemma.model(ids, logits_to_keep=1).logits[0, -1]  # the last row only
             assert int(logits[node].argmax()) == int(reference.argmax())
             torch.testing.assert_close(logits[node], reference, atol=2e-3, rtol=1e-4)
 
@@ -123,7 +147,10 @@ def test_plan_reads_size_and_parameters_from_the_gguf_file() -> None:
 
 
 def test_generate_cli_with_the_catalog_pair() -> None:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2")
+    # This process's thread count, so the load finds the tree costs the fixture measured (and
+    # the weights it converted) in this session's cache instead of measuring them again.
+    threads = str(torch.get_num_threads())
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=threads)
     done = subprocess.run(
         [
             sys.executable,
@@ -142,7 +169,7 @@ def test_generate_cli_with_the_catalog_pair() -> None:
             "3",
             "--top-k",
             "2",
-        ],  # fixed tree: no calibration
+        ],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
