@@ -62,6 +62,7 @@ PRIOR_NEXT = 0.5  # chance the guess of rank i (second = 1) holds once the earli
 LONG_EMA = 0.01  # the same estimates over a long memory, which the short ones return to while
 RETURN = 0.05  # drafting is off, by this share per plain step (else they stay at the values of
 # the unlucky rounds that switched it off, which the rare probes mend only slowly)
+SETTLED = 1e-4  # a return step smaller than this in every rate leaves the last choice standing
 MIN_EVIDENCE = 6  # drafted rounds seen before plain steps may win: one or two unlucky rounds
 # of a head that pays must not switch drafting off (it then learns only from rare probes)
 MAX_GUESSES = max(tree.top_k for tree in LADDER)  # siblings per node, at most
@@ -72,6 +73,7 @@ CLOSE_PROBE_GAP = 3  # plain steps between probes when drafting would pay at acc
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
+WIDTH_PRIOR = 3.0  # a branching shape's width correction starts at 1 with this many rounds
 TIME_EMA = 0.15  # weight of the newest round in the machine's time ratio (a shared CPU drifts)
 SHAPE_TIME_EMA = TIME_EMA / 4  # a shape's time relative to the machine's is learned slower than the
 # machine's own ratio, so that a drift while one shape runs moves the machine's, not the shape's
@@ -95,16 +97,19 @@ class TimeScales:
 
     shapes: dict[TreeConfig | None, float] = field(default_factory=dict)
     families: dict[str, float] = field(default_factory=dict)
+    drafting: float | None = None  # the factor over all drafting rounds, whatever their family
     overall: float | None = None
 
     def of(self, tree: TreeConfig | None) -> float:
-        """The machine's ratio times the shape's own factor once it ran, else its family's."""
+        """The machine's ratio times the shape's own factor once it ran, else its family's, else
+        that of the drafting rounds seen (a family never run shares their bookkeeping; a
+        factor of 1 would price it as if it had none, against the family that ran)."""
         return (self.overall or 1.0) * self.relative(tree)
 
     def relative(self, tree: TreeConfig | None) -> float:
         if tree is None:
             return 1.0
-        return self.shapes.get(tree) or self.families.get(_family(tree)) or 1.0
+        return self.shapes.get(tree) or self.families.get(_family(tree)) or self.drafting or 1.0
 
     def observe(self, tree: TreeConfig | None, ratio: float) -> None:
         # the machine's ratio as this round implies it, given what is known of its shape
@@ -115,6 +120,7 @@ class TimeScales:
         family = _family(tree)
         self.shapes[tree] = _fade(self.shapes.get(tree), relative, SHAPE_TIME_EMA)
         self.families[family] = _fade(self.families.get(family), relative, SHAPE_TIME_EMA)
+        self.drafting = _fade(self.drafting, relative, SHAPE_TIME_EMA)
 
 
 @dataclass
@@ -128,6 +134,8 @@ class TreePolicy:
       third guesses actually buy, not from what a tenth guess buys;
     - the shape's own replays (replay.py): every verified tree tells what each shape it covers
       would have accepted on the same text.
+    A branching shape's model estimate is scaled by what its replays accepted against what the
+    model promised for them (``width_fit``), which outlasts the replays themselves.
     Every SCOUT_EVERY rounds the policy verifies the cheapest shape covering its choice, wider
     and deeper by turns, so that bigger shapes get measured too; a scout still accepts at least
     what the choice would have, so looking costs only its extra verification time."""
@@ -148,6 +156,11 @@ class TreePolicy:
     # Paired with the same rounds, the ratio of the two sums compares shapes on the same text.
     measured: dict[TreeConfig, tuple[float, float, float]] = field(default_factory=dict)
     reference_tokens: float = 1.0 + PRIOR_RATE  # tokens/round of the one-draft shape, lately
+    # Per branching shape, over the rounds that replayed it (fading sums): its tokens and the
+    # model's estimate for it at the time. The model spreads a tree's guesses evenly over its
+    # depths; a real tree puts nodes where the head is unsure, not always on the path the
+    # target takes, so the ratio corrects the model where it stands in for missing replays.
+    width_fit: dict[TreeConfig, tuple[float, float]] = field(default_factory=dict)
     time_scale: TimeScales = field(default_factory=TimeScales)
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
@@ -195,7 +208,8 @@ class TreePolicy:
         decide whether they do (a single draft would only teach the first guess). Sets when
         the next probe comes."""
         probe = self.best_drafting_tree()
-        hopeful = self.modelled_tokens(probe, self.hopeful_rates()) / self.round_s(probe)
+        hopeful = self.modelled_tokens(probe, self.hopeful_rates()) * self.width_correction(probe)
+        hopeful /= self.round_s(probe)
         if hopeful < 1.0 / self.round_s(None):  # worse even if luck was against it: look
             self.probe_gap = min(self.probe_gap * 2, MAX_PROBE_GAP)  # less and less often
             return probe
@@ -206,13 +220,19 @@ class TreePolicy:
         return self.scout(probe) if self.probes % 2 == 0 else probe
 
     def _return_to_long_run(self) -> None:
+        moved = 0.0
         for level, long_rate in enumerate(self.long_rates):
-            self.rates[level] += RETURN * (long_rate - self.rates[level])
+            step = RETURN * (long_rate - self.rates[level])
+            self.rates[level] += step
+            moved = max(moved, abs(step))
         for index, ((wrong, tried), (long_wrong, long_tried)) in enumerate(
             zip(self.tails, self.long_tails)
         ):
-            self.tails[index] = (wrong + RETURN * (tried * long_wrong / long_tried - wrong), tried)
-        self._best = _UNKNOWN
+            step = RETURN * (tried * long_wrong / long_tried - wrong)
+            self.tails[index] = (wrong + step, tried)
+            moved = max(moved, abs(step) / tried)
+        if moved > SETTLED:  # else the cached choice stands: no need to price every shape again
+            self._best = _UNKNOWN
 
     def best_tree(self) -> TreeConfig | None:
         """The shape with the most expected tokens per second (None: a plain step)."""
@@ -258,9 +278,20 @@ class TreePolicy:
         """The model's estimate, overruled by the shape's own replays as they add up (one lucky
         or unlucky round must not decide)."""
         modelled = self.modelled_tokens(tree)
+        modelled *= self.width_correction(tree, modelled)
         tokens, reference, weight = self.measured.get(tree, (0.0, 1.0, 0.0))
         replayed = self.reference_tokens * tokens / reference
         return (weight * replayed + MODEL_WEIGHT * modelled) / (weight + MODEL_WEIGHT)
+
+    def width_correction(self, tree: TreeConfig, modelled: float | None = None) -> float:
+        """What a branching shape's rounds accepted against what the model promised for them
+        (1 for chains, which the per-depth rates model exactly); ``modelled`` is the model's
+        present estimate for ``tree`` when the caller has it."""
+        if tree.top_k == 1:
+            return 1.0
+        tokens, promised = self.width_fit.get(tree, (0.0, 0.0))
+        prior = WIDTH_PRIOR * (self.modelled_tokens(tree) if modelled is None else modelled)
+        return (tokens + prior) / (promised + prior)
 
     def hopeful_rates(self) -> list[float]:
         """Each depth's first-guess rate one standard error up, from the rounds it rests on."""
@@ -330,6 +361,12 @@ class TreePolicy:
                 fade * ref_sum + reference,
                 fade * weight + 1.0,
             )
+            if shape.top_k > 1:  # the model's promise before this round's lesson
+                tokens, promised = self.width_fit.get(shape, (0.0, 0.0))
+                self.width_fit[shape] = (
+                    fade * tokens + 1.0 + drafts,
+                    fade * promised + self.modelled_tokens(shape),
+                )
         self.reference_tokens += EMA * (reference - self.reference_tokens)
         if outcomes is None:
             outcomes = [(0, 1)] * min(accepted, tree.depth)

@@ -39,8 +39,12 @@ def trained(policy: TreePolicy, accept_rate: float, rounds: int = 40) -> TreePol
 
 
 def test_flat_gpu_costs_and_good_drafts_pick_a_large_tree() -> None:
-    # shapes are compared by their own replayed rounds, so this takes a few replies' worth
-    tree = trained(TreePolicy(GPU_LIKE), 0.9, rounds=160).best_tree()
+    # a good head whose second and third guesses hold too (in a world where width bought
+    # nothing, a chain would rightly win); shapes are compared by their own replayed rounds,
+    # so this takes a few replies' worth
+    policy = TreePolicy(GPU_LIKE)
+    ranked_world(policy, rank_odds=0.2, rounds=160)
+    tree = policy.best_tree()
     assert tree is not None and tree.total_tokens >= 24
 
 
@@ -280,6 +284,19 @@ def test_real_round_times_correct_the_calibrated_costs() -> None:
     assert policy.round_s(tree) <= 4.0 * CPU_LIKE.round_s(tree)
 
 
+def test_a_family_never_run_is_priced_like_the_drafting_rounds_seen() -> None:
+    """Only trees ran, at 0.7 of their calibrated time against plain steps at 1.0 (calibration
+    over-priced drafting rounds on this machine): a chain, never run, is priced at 0.7 too,
+    not at 1.0, which would make chains look dearer than trees by calibration's error alone."""
+    policy = TreePolicy(CPU_LIKE)
+    tree, chain = TreeConfig(16, 6, 3), TreeConfig(7, 6, 1)
+    for _ in range(200):
+        policy.observe_time(tree, 0.7 * CPU_LIKE.round_s(tree))
+        policy.observe_time(None, CPU_LIKE.round_s(None))
+    assert policy.round_s(None) == pytest.approx(CPU_LIKE.round_s(None), rel=0.01)
+    assert policy.round_s(chain) == pytest.approx(0.7 * CPU_LIKE.round_s(chain), rel=0.01)
+
+
 def test_shapes_not_run_for_a_while_follow_the_machines_drift() -> None:
     """Trees ran as calibrated, then the machine got twice as slow while only plain steps
     ran: the trees' expected round time doubles too instead of keeping its old speed (which
@@ -325,9 +342,10 @@ def test_two_unlucky_first_rounds_do_not_switch_drafting_off() -> None:
 
 
 def test_probes_after_a_back_off_verify_the_shape_drafting_would_use() -> None:
-    """Drafts half right, but verifying costs so much here that plain steps win: the probe is
-    the best drafting shape, whose round teaches several depths, not a single draft."""
-    steep = CostModel({n: 0.005 * (1 + (n > 1) * (2 + 0.2 * n)) for n in MEASURED_SIZES}, 0.0005)
+    """Drafts half right, but any drafted round costs so much more than a plain step here that
+    plain steps win: the probe is the best drafting shape, whose round teaches several depths,
+    not a single draft."""
+    steep = CostModel({n: 0.005 * (1 + (n > 1) * (2 + 0.02 * n)) for n in MEASURED_SIZES}, 0.0005)
     policy = trained(TreePolicy(steep), 0.5)
     assert policy.best_tree() is None
     probes = [tree for tree in (policy.choose() for _ in range(2 * FIRST_PROBE_AFTER)) if tree]
@@ -338,7 +356,7 @@ def test_close_calls_are_probed_often_and_clear_losses_less_and_less() -> None:
     """Plain steps win on the estimates, but at acceptance rates one standard error up drafting
     would pay: the estimates may just be unlucky, so probes keep coming at a short, steady
     pace. A head whose drafts never hold is probed less and less often."""
-    costs = CostModel({n: 0.005 * (1 + (n > 1) * (0.5 + 0.02 * n)) for n in MEASURED_SIZES}, 5e-4)
+    costs = CostModel({n: 0.005 * (1 + (n > 1) * (0.3 + 0.02 * n)) for n in MEASURED_SIZES}, 5e-4)
     close = trained(TreePolicy(costs), 0.45)
     assert close.best_tree() is None
     picks = [close.choose() for _ in range(8 * CLOSE_PROBE_GAP)]
@@ -430,3 +448,30 @@ def test_replays_of_a_shape_no_longer_verified_grow_stale() -> None:
         policy.observe(chain3, 3)  # later: every draft of the shorter chain accepted
     assert stuck < 2.0
     assert policy.expected_tokens(chain6) > 0.9 * policy.modelled_tokens(chain6) > 4.0
+
+
+def test_a_tree_that_promised_more_than_it_accepted_stays_corrected() -> None:
+    """The model spreads a tree's guesses evenly over its depths; a real tree spends nodes
+    where the target does not go. Here the tree's three guesses are all at the first level
+    (one guess deeper): what it accepted against what the model promised corrects its estimate,
+    and the correction stays after its own replays have faded while a chain ran."""
+    policy = TreePolicy(CPU_LIKE)
+    tree, chain = TreeConfig(total_tokens=16, depth=6, top_k=3), LADDER[5]
+    rng = random.Random(5)
+    tokens = []
+    for _ in range(60):
+        ranks = ranked_world_round(rng, 0.4)
+        accepted = 1 if ranks[0] < 3 else 0
+        while accepted and accepted < tree.depth and ranks[accepted] == 0:
+            accepted += 1
+        widths = [3] + [1] * 5
+        outcomes = [(ranks[d], widths[d]) for d in range(accepted)]
+        outcomes += [(None, widths[accepted])] if accepted < tree.depth else []
+        chain_drafts = accepted_in(chain, ranks)
+        policy.observe(tree, accepted, {tree: accepted, chain: chain_drafts}, outcomes)
+        tokens.append(1 + accepted)
+    truth = sum(tokens) / len(tokens)
+    for _ in range(100):  # then only the chain runs: the tree's replays fade
+        policy.observe(chain, accepted_in(chain, ranked_world_round(rng, 0.4)))
+    assert policy.modelled_tokens(tree) > 1.3 * truth  # the even spread promises far more
+    assert policy.expected_tokens(tree) == pytest.approx(truth, rel=0.15)
