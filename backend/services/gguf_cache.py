@@ -117,10 +117,11 @@ def keep_conversion(source: TargetSource, model: Any, tokenizer: Any) -> Path | 
         return None
     from safetensors.torch import save_model
 
-    key = conversion_key(source.display)
-    folder = _folder(key)
-    staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    folder = staging = None
     try:
+        key = conversion_key(source.display)  # the file may be gone by now: then keep nothing
+        folder = _folder(key)
+        staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
         cache_dir().mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(cache_dir()).free
         needed = _weight_bytes(model)
@@ -143,12 +144,13 @@ def keep_conversion(source: TargetSource, model: Any, tokenizer: Any) -> Path | 
         tokenizer.save_pretrained(staging)
         (staging / _DONE).write_text(json.dumps(key, sort_keys=True), encoding="utf-8")
         staging.rename(folder)
-    except OSError as err:
-        shutil.rmtree(staging, ignore_errors=True)
+    except (OSError, RuntimeError, ValueError) as err:  # keeping is optional: the load stands
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         logger.warning(
             "could not keep the converted GGUF weights in %s (%s); the next load converts the "
             "file again",
-            folder,
+            folder or cache_dir(),
             err,
         )
         return None

@@ -108,3 +108,12 @@ def test_a_folder_without_its_completion_record_is_ignored(gguf_file: TargetSour
     assert gguf_cache.converted_source(gguf_file) is None
     assert gguf_cache.keep_conversion(gguf_file, tiny_target("llama"), tiny_tokenizer()) == folder
     assert gguf_cache.converted_source(gguf_file) is not None
+
+
+def test_a_file_gone_after_loading_keeps_nothing_and_fails_nothing(
+    gguf_file: TargetSource, caplog
+) -> None:
+    Path(gguf_file.display).unlink()  # deleted while the model was loading
+    with caplog.at_level(logging.WARNING, logger="backend.services.gguf_cache"):
+        assert gguf_cache.keep_conversion(gguf_file, tiny_target("llama"), tiny_tokenizer()) is None
+    assert "converts the file again" in caplog.text
