@@ -9,7 +9,6 @@ Files are small JSON documents under ``$EAGLECHAT_CACHE_DIR/calibration`` (defau
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import torch
 from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
 from backend.engine.device import hardware_name
 from backend.engine.readout import Forms
-from backend.services.cache_home import cache_home
+from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +69,7 @@ def calibration_key(
 
 
 def _entry(key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_dir() / f"{digest}.json"
+    return cache_dir() / f"{key_digest(key)}.json"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ the load itself has already succeeded.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from backend.services.cache_home import cache_home
+from backend.services.cache_home import cache_home, key_digest
 from backend.services.target_source import TargetSource
 
 logger = logging.getLogger(__name__)
@@ -57,8 +56,7 @@ def conversion_key(gguf_path: str) -> dict:
 
 
 def _folder(key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_dir() / f"{Path(key['file']).stem}-{digest}"
+    return cache_dir() / f"{Path(key['file']).stem}-{key_digest(key)}"
 
 
 def converted_source(source: TargetSource) -> TargetSource | None:
