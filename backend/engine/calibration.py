@@ -186,7 +186,6 @@ def _time_head_step(drafter, prompt: torch.Tensor, step, top_k: int) -> float:
     """One head step of a 4-level tree of width ``top_k`` (the prompt's features fed first)."""
     tree = TreeConfig(total_tokens=1 + 4 * top_k, depth=4, top_k=top_k)
     drafter.begin(prompt, 0, step.features)
-    drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
     device_sync(drafter.device)
     start = time.perf_counter()
     drafter.propose(0, tree)
@@ -200,7 +199,6 @@ def _time_round(runner, drafter, cache, prompt: torch.Tensor, step, shape: TreeC
     at the start of the next draft (here with a one-token draft after it, a small cost that
     every shape pays alike)."""
     drafter.begin(prompt, 0, step.features)
-    drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # flush the prompt
     committed = kv.cache_length(cache)
     device_sync(runner.device)
     start = time.perf_counter()

@@ -10,8 +10,8 @@ position t takes (feature of target position t, token t+1) and predicts the feat
 So after ``commit`` the head cache holds exactly as many entries as the target cache, and its
 last output (``_root_hidden``) predicts the children of the root token.
 
-Commits are lazy: the accepted (token, feature) pairs are queued and fed to the head in one
-forward when the next tree is proposed. Rounds that draft nothing (the autotuner's plain steps)
+``begin`` runs the head over the prompt at once. Commits are lazy: the accepted (token,
+feature) pairs are queued and fed to the head in one forward when the next tree is proposed. Rounds that draft nothing (the autotuner's plain steps)
 then cost no head work at all, and the head catches up in one batched forward later.
 """
 
@@ -72,6 +72,7 @@ class EagleDrafter:
         self._pending_tokens, self._pending_features = [], []
         shifted = torch.cat([prompt_ids[1:].to(self.device), self._tokens([first_token])])
         self._queue(shifted, prompt_features)
+        self._flush()  # the pass over the prompt belongs to the prefill, not the first round
 
     # ---- 2. one round's tree ------------------------------------------------------------
     @torch.inference_mode()

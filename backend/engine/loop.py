@@ -81,8 +81,8 @@ class Decoding:
     cache: Any = None
     root: int = 0  # the last accepted token, not yet in the cache
     start: float = 0.0
-    # True after the prefill and after plain steps: the next draft first runs the head over
-    # those tokens, a one-off cost that the calibrated round costs leave out
+    # True after plain steps: the next draft first runs the head over those tokens, a one-off
+    # cost that the calibrated round costs leave out
     head_behind: bool = True
 
     def __post_init__(self) -> None:
@@ -98,9 +98,12 @@ class Decoding:
         step = self.target.prefill(prompt, self.cache, with_features=with_features)
         self.root = next_token(step.logits[-1], self.config.sampling, self.generator)
         tokens, spans = self._take([self.root], 0)
-        ttft_s = self.stats.ttft_s = now(self.target.device) - self.start
         if self.drafter is not None and self.stop_reason is None:
+            # the head's pass over the prompt is prompt work too: timed here, with the prefill,
+            # not in the first round (where it would grow a round's cost with the prompt)
             self.drafter.begin(prompt, self.root, step.features)
+            self.head_behind = False
+        ttft_s = self.stats.ttft_s = now(self.target.device) - self.start
         if self.policy is not None:
             self.policy.begin_request()
         return RoundCompleted(

@@ -22,7 +22,7 @@ from backend.events import (
 @dataclass(slots=True)
 class SpecStats:
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
-    ttft_s: float = 0.0  # the prefill's time to the first token
+    ttft_s: float = 0.0  # the prompt's processing (target prefill; for EAGLE also the head's pass)
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
