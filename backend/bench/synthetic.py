@@ -7,10 +7,12 @@ plain decoding step, and (with a fixed tree) the time a round spends drafting, v
 in bookkeeping. The demo pair's tokenizer supplies prompts; its ids are a subset of the
 synthetic vocabulary.
 
-With ``perfect=True`` (``bench --perfect-drafts``) the final norms of target and head are
-zeroed: every logit is 0, so both always choose token 0 and every draft is accepted, while
-every layer still computes as before. The speedup then measures round costs alone at a fixed
-acceptance, e.g. across prompt lengths (``--prompt-tokens``).
+With ``perfect=True`` (``bench --perfect-drafts``) target and head rank the vocabulary in one
+fixed order whatever the input, token 0 first, so every draft is accepted, while every layer
+still computes as before. The speedup then measures round costs alone at a fixed acceptance,
+e.g. across prompt lengths (``--prompt-tokens``). The order is strict over the first tokens: with
+equal logits (all zero, say) top-k trees would pick among ties in an arbitrary order that
+argmax does not share, and only chains would see their drafts accepted.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def write_synthetic_pair(
     with device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     if perfect:
-        model.get_decoder().norm.weight.zero_()
+        _rank_in_fixed_order(model.get_decoder().norm, model.get_output_embeddings())
+        _keep_dimension_zero(model.get_decoder())
     target_dir, head_dir = folder / "target", folder / "head"
     model.save_pretrained(target_dir)
     for name in TOKENIZER_FILES:
@@ -124,9 +127,39 @@ def write_synthetic_pair(
         head.t2d.zero_()
         head.t2d[:draft_vocab] = True
     if perfect:
-        head.norm.weight.zero_()
+        _rank_in_fixed_order(head.norm, head.lm_head)
+        head.fc.weight[0].zero_()
+        head.fc.weight[0, 0] = 1.0  # the target's dimension 0 (of its first feature layer)
+        head.midlayer.self_attn.o_proj.weight[0].zero_()
+        head.midlayer.mlp.down_proj.weight[0].zero_()
     save_head(head, head_dir)
     return target_dir, head_dir
+
+
+STRICT_RANKS = 64  # tokens ranked with distinct logits (even in bfloat16); the rest tie below
+
+
+def _rank_in_fixed_order(norm: torch.nn.Module, lm_head: torch.nn.Linear) -> None:
+    """Logits from dimension 0 of the normed residual alone (kept positive by
+    ``_keep_dimension_zero``), times a fixed column: token 0 first and far ahead (a confident
+    head: dynamic trees spend their nodes on depth), then 1, 2, ..."""
+    norm.weight.zero_()
+    norm.weight[0] = 1.0
+    column = torch.full((lm_head.out_features,), -1.0)
+    ranked = min(STRICT_RANKS, lm_head.out_features)
+    column[:ranked] = 1.0 - torch.arange(ranked) / ranked
+    column[0] = 2.0
+    lm_head.weight.zero_()
+    lm_head.weight[:, 0] = column.to(lm_head.weight)
+
+
+def _keep_dimension_zero(decoder: torch.nn.Module) -> None:
+    """Residual dimension 0 is a large constant from the embedding that no layer writes to,
+    so the normed residual's dimension 0 is positive at every position."""
+    decoder.embed_tokens.weight[:, 0] = 30.0
+    for layer in decoder.layers:
+        layer.self_attn.o_proj.weight[0].zero_()
+        layer.mlp.down_proj.weight[0].zero_()
 
 
 @contextmanager

@@ -52,6 +52,18 @@ def test_perfect_drafts_are_all_accepted_and_the_random_ones_are_not(tmp_path) -
     assert tau[True] == 5.0 and tau[False] < 2.0
 
 
+def test_perfect_drafts_hold_in_top_k_trees_too(tmp_path) -> None:
+    """The fixed ranking is strict and confident: a dynamic top-k tree (which picks among equal
+    logits in its own order, not argmax's) puts its nodes on depth and keeps the whole path."""
+    tree = TreeConfig(total_tokens=16, depth=5, top_k=4)
+    target, head = write_synthetic_pair("tiny", tmp_path, perfect=True)
+    pair = load_pair(LoadConfig(target=str(target), head=str(head)))
+    config = GenerationConfig(max_new_tokens=25, tree=tree, stop_on_eos=False)
+    events = list(pair.engine.generate([1, 5, 9, 300, 4000], config))
+    summary = next(e for e in events if isinstance(e, Finished)).summary
+    assert summary.rounds == 4 and len(summary.token_ids) == 25  # 1 + 4 rounds of 5 drafts + 1
+
+
 def test_synthetic_target_is_built_in_its_dtype_without_a_float32_copy(tmp_path) -> None:
     """Every parameter is created in the requested dtype (an 8B float32 intermediate would need
     twice the memory of the bfloat16 model)."""
