@@ -269,9 +269,10 @@ def _run_facts(result: BenchResult) -> list[str]:
         )
     if s.get("first_message_tok_s") and s.get("second_message_tok_s"):
         first, second = s["first_message_tok_s"], s["second_message_tok_s"]
+        length = f", {s['first_message_tokens']} tokens each" if "first_message_tokens" in s else ""
         facts.append(
             f"first EAGLE reply after load {first:.1f} tok/s, the same reply next "
-            f"{second:.1f} tok/s ({first / second:.0%})"
+            f"{second:.1f} tok/s ({first / second:.0%}{length})"
         )
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
