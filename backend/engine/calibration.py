@@ -28,6 +28,9 @@ from backend.engine.verify import greedy_accept
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
 REPEATS = 5
+# Cached costs whose plain step is this many times slower than one timed now were measured
+# while something else loaded the machine (an install, a build): their ratios are off too.
+BUSIER_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,24 @@ def measure_costs(
 ) -> CostModel:
     """``calibrate`` run to its end (callers that show no progress)."""
     return drain(calibrate(runner, drafter, shapes, context, repeats))
+
+
+def plain_step_s(runner, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> float:
+    """The fastest of a few plain steps after a prompt of ``context`` tokens, timed the way
+    ``calibrate`` times them: a quick check of costs read from the cache."""
+    prompt = torch.zeros(context, dtype=torch.long)
+    with torch.inference_mode():
+        cache = runner.new_cache()
+        runner.prefill(prompt, cache, with_features=True)
+        return min(_time_verify(runner, cache, _chain(1)) for _ in range(repeats))
+
+
+def timed_busier(costs: CostModel, plain_now_s: float) -> bool:
+    """Whether ``costs`` were timed on a much busier machine than a plain step taking
+    ``plain_now_s`` now shows. Only that way round: a busy machine now is no reason to trust
+    a timing made now more than one made at rest."""
+    cached = min(costs.verify(1), costs.verify(1, chain=True))
+    return cached > BUSIER_FACTOR * plain_now_s
 
 
 def _branching(size: int) -> DraftTree:

@@ -25,7 +25,13 @@ import torch
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import LADDER
-from backend.engine.calibration import CostModel, calibrate, calibration_steps
+from backend.engine.calibration import (
+    CostModel,
+    calibrate,
+    calibration_steps,
+    plain_step_s,
+    timed_busier,
+)
 from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
@@ -298,15 +304,22 @@ def calibrate_pair(
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
-    and saved with the projection forms they were measured with. Returns the costs and the
-    seconds spent measuring (0 when cached)."""
+    and saved with the projection forms they were measured with; measured again when a plain
+    step now is far faster than the cached costs say (they were timed on a busy machine, and a
+    policy priced by them picks the wrong trees). Returns the costs and the seconds spent
+    measuring (0 when cached)."""
     if drafter is None:
         return None, 0.0
-    if cached is not None:
-        yield Progress("calibrate", 1, 1, "steps", "tree costs for this machine read from cache")
-        return cached.costs, 0.0
-    total = calibration_steps(has_drafter=True, shapes=LADDER)
     message = "timing tree verification for the auto-tuner (once per model and machine)"
+    if cached is not None:
+        if not timed_busier(cached.costs, plain_step_s(runner)):
+            yield Progress(
+                "calibrate", 1, 1, "steps", "tree costs for this machine read from cache"
+            )
+            return cached.costs, 0.0
+        message = "the cached tree costs were timed on a busier machine: timing them again"
+        logger.info(message)
+    total = calibration_steps(has_drafter=True, shapes=LADDER)
     start = time.perf_counter()
     costs = yield from relay(
         calibrate(runner, drafter, LADDER),

@@ -77,6 +77,38 @@ def test_new_weights_or_another_dtype_measure_again(pair_on_disk) -> None:
     assert len(list(calibration_cache.cache_dir().glob("*.json"))) == 3
 
 
+def scale_cached_costs(factor: float) -> None:
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    data = json.loads(entry.read_text())
+    costs = data["costs"]
+    for table in ("verify_s", "chain_verify_s", "rounds_s"):
+        costs[table] = {size: factor * s for size, s in costs[table].items()}
+    costs["draft_step_s"] *= factor
+    costs["chain_step_s"] *= factor
+    entry.write_text(json.dumps(data))
+
+
+def test_costs_cached_on_a_much_busier_machine_are_measured_again(pair_on_disk) -> None:
+    """A first load during an install times everything several times too slow, and unevenly:
+    a quick plain step at the next load shows it, and the costs are timed again and saved."""
+    first, _ = load(pair_on_disk)
+    scale_cached_costs(10.0)
+    again, progress = load(pair_on_disk)
+    assert again.calibration_s > 0 and "busier machine" in progress[0].message
+    assert again.engine.costs.verify(1) < 5 * first.engine.costs.verify(1)  # not the cached 10x
+    third, _ = load(pair_on_disk)  # the new timing was saved and now stands
+    assert third.calibration_s == 0.0 and third.engine.costs == again.engine.costs
+
+
+def test_costs_cached_on_a_faster_machine_are_kept_while_it_is_busy(pair_on_disk) -> None:
+    """Slower now than then is no reason to time again (now is the less trustworthy timing)."""
+    first, _ = load(pair_on_disk)
+    scale_cached_costs(0.1)
+    again, _ = load(pair_on_disk)
+    assert again.calibration_s == 0.0
+    assert again.engine.costs.verify(1) == pytest.approx(0.1 * first.engine.costs.verify(1))
+
+
 def test_a_damaged_cache_entry_is_measured_again(pair_on_disk) -> None:
     load(pair_on_disk)
     (entry,) = calibration_cache.cache_dir().glob("*.json")
