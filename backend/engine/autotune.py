@@ -249,13 +249,21 @@ class TreePolicy:
         return self.expected_tokens(tree) / self.round_s(tree)
 
     def scout(self, best: TreeConfig) -> TreeConfig:
-        """The cheapest other shape that covers ``best``: wider and deeper by turns (a chain's
-        replays say nothing about second guesses, a shallow tree's nothing about depth)."""
+        """The cheapest other shape that covers ``best``, wider and deeper by turns (a chain's
+        replays say nothing about second guesses, a shallow tree's nothing about depth), and
+        every third turn from a branching choice the best chain: replays price a chain's
+        tokens, but only its own rounds time it (chains skip the tree bookkeeping, so priced
+        like the trees' rounds they look dearer than they run, and would never be tried)."""
         bigger = [t for t in self.ladder if t != best and covers(t, best)]
-        if not bigger:
+        chains = [t for t in self.ladder if t.top_k == 1 and t != best]
+        if not bigger and not chains:
             return best
         self.scouts += 1
-        if self.scouts % 2:
+        if (self.scouts % 3 == 0 or not bigger) and best.top_k > 1 and chains:
+            return max(chains, key=self.speed)
+        if not bigger:
+            return best
+        if self.scouts % (3 if best.top_k > 1 else 2) == 1:
             turn = [t for t in bigger if t.top_k > best.top_k]
         else:
             turn = [t for t in bigger if t.depth > best.depth]

@@ -246,6 +246,19 @@ def test_scouting_verifies_a_covering_shape_now_and_then() -> None:
     assert len(scouts) == 2 and all(covers(s, best) for s in scouts)
 
 
+def test_every_third_scout_from_a_tree_times_the_best_chain() -> None:
+    """Only a chain's own rounds tell what it costs to run; covering scouts never run one."""
+    policy = TreePolicy(GPU_LIKE)
+    ranked_world(policy, rank_odds=0.2, rounds=160)  # second and third guesses hold: trees win
+    best = policy.best_tree()
+    assert best is not None and best.top_k > 1
+    picks = [policy.choose() for _ in range(3 * SCOUT_EVERY)]
+    scouts = [p for p in picks if p != best]
+    chains = [t for t in policy.ladder if t.top_k == 1]
+    assert len(scouts) == 3 and scouts.count(max(chains, key=policy.speed)) == 1
+    assert sum(covers(s, best) for s in scouts) == 2  # the other two: wider, deeper
+
+
 def test_the_summary_and_each_round_name_the_verified_shapes() -> None:
     target, head = easy_llama_pair()
     runner, drafter = make_runner(target, head)
