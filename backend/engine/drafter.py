@@ -11,8 +11,9 @@ So after ``commit`` the head cache holds exactly as many entries as the target c
 last output (``_root_hidden``) predicts the children of the root token.
 
 ``begin`` runs the head over the prompt at once. Commits are lazy: the accepted (token,
-feature) pairs are queued and fed to the head in one forward when the next tree is proposed. Rounds that draft nothing (the autotuner's plain steps)
-then cost no head work at all, and the head catches up in one batched forward later.
+feature) pairs are queued and fed to the head in one forward when the next tree is proposed.
+Rounds that draft nothing (the autotuner's plain steps) then cost no head work at all, and the
+head catches up in one batched forward later.
 """
 
 from __future__ import annotations
