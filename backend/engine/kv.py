@@ -130,7 +130,11 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 
 def keep_tree_entries(cache: DynamicCache, committed: int, keep: torch.Tensor) -> None:
-    """Keep the tree entries at offsets ``keep`` (ascending, after ``committed``), packed."""
+    """Keep the tree entries at offsets ``keep`` (ascending from 0, after ``committed``),
+    packed. A prefix (a chain's accepted drafts, or the root alone) is in place: only cut."""
+    if int(keep[-1]) == keep.numel() - 1:
+        truncate(cache, committed + keep.numel())
+        return
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue

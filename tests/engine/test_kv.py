@@ -49,6 +49,22 @@ def test_gather_and_cut_then_append_keep_the_right_entries() -> None:
     assert torch.equal(keys, torch.cat([prefix[..., :4, :], nxt], dim=-2))
 
 
+def test_a_kept_prefix_is_cut_in_place_and_appends_follow_it() -> None:
+    """A chain's accepted drafts (or the root alone) are the first tree entries: no gather."""
+    cache = kv.new_cache()
+    prefix, tree = _entries(6, 1), _entries(5, 2)
+    with torch.inference_mode():
+        _append(cache, prefix)
+        _append(cache, tree)
+        buffer = cache.layers[0].keys.data_ptr()
+        kv.keep_tree_entries(cache, committed=6, keep=torch.tensor([0, 1, 2]))
+        assert kv.cache_length(cache) == 9 and cache.layers[0].keys.data_ptr() == buffer
+        nxt = _entries(2, 3)
+        keys, values = _append(cache, nxt)
+    expected = torch.cat([prefix, tree[..., :3, :], nxt], dim=-2)
+    assert torch.equal(keys, expected) and torch.equal(values, -expected)
+
+
 def test_growing_past_the_room_and_replaced_tensors_start_a_new_buffer() -> None:
     cache = kv.new_cache()
     with torch.inference_mode():
