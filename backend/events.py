@@ -93,6 +93,8 @@ class GenerationSummary:
     hint: str = ""  # plain-words reason when the speedup is likely low
     stopped_by: str = ""  # the turn marker or stop string that ended the reply, if one did
     tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape, most used first
+    # EAGLE's head over the prompt, run after the first token is out: prompt work, in no round
+    prompt_head_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

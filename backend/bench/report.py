@@ -53,12 +53,13 @@ def _tau(runs: list[MethodRun]) -> float | None:
 
 
 def _decode_tokens_per_s(runs: list[MethodRun]) -> float | None:
-    """Tokens after the first over the time after it: decoding alone, without the prefill
-    (identical work for every method, and most of the time at long prompts)."""
+    """Tokens after the first over the rounds' time: decoding alone, without the prompt work
+    (the prefill, identical for every method and most of the time at long prompts, and EAGLE's
+    head over the prompt)."""
     if any(r.ttft_s <= 0 for r in runs):
         return None  # the library's loops report no first-token time
     tokens = sum(max(0, r.new_tokens - 1) for r in runs)
-    seconds = sum(r.seconds - r.ttft_s for r in runs)
+    seconds = sum(r.decode_s for r in runs)
     return tokens / seconds if seconds > 0 else None
 
 
@@ -98,7 +99,7 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
         if method == "vanilla":
             base_tps, base_decode = tps, decode
         eagle_like = any(r.acceptance_lengths for r in runs)
-        round_time = sum(r.seconds - r.ttft_s for r in runs)
+        round_time = sum(r.decode_s for r in runs)
         summaries[method] = MethodSummary(
             method=method,
             tokens=tokens,

@@ -44,6 +44,12 @@ class MethodRun:
     tree_sizes: tuple[int, ...] = ()
     peak_memory_bytes: int | None = None  # device memory peak during the run (CUDA only)
     tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape (EAGLE)
+    prompt_head_s: float = 0.0  # EAGLE's head over the prompt: prompt work, after the first token
+
+    @property
+    def decode_s(self) -> float:
+        """The time after all prompt work: the rounds."""
+        return self.seconds - self.ttft_s - self.prompt_head_s
 
     @property
     def new_tokens(self) -> int:
@@ -98,6 +104,7 @@ def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> Me
         verify_s=summary.verify_s,
         tree_sizes=tuple(sizes),
         tree_shapes=summary.tree_shapes if config.mode == "eagle" else (),
+        prompt_head_s=summary.prompt_head_s,
     )
 
 

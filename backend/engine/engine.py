@@ -78,6 +78,7 @@ class Engine:
         decoding = self._decoding(len(prompt_ids), config, request_id or uuid.uuid4().hex[:12])
         yield Started(decoding.request_id, config.mode, len(prompt_ids))
         yield decoding.prefill(prompt_ids)
+        decoding.read_prompt()
         while decoding.stop_reason is None:
             if cancel is not None and cancel.is_set():
                 decoding.stop_reason = "cancelled"

@@ -3,6 +3,7 @@ is given (a one-node tree), behind the same stream of events. ``Engine.generate`
 (backend/engine/engine.py) drives it:
 
     decoding.prefill(prompt_ids)          # the prompt's KV, the first token
+    decoding.read_prompt()                # the head's pass over the prompt (EAGLE)
     while decoding.stop_reason is None:
         decoding.round()                  # one round, as a RoundCompleted event
 
@@ -84,6 +85,7 @@ class Decoding:
     # True after plain steps: the next draft first runs the head over those tokens, a one-off
     # cost that the calibrated round costs leave out
     head_behind: bool = True
+    _unread_prompt: tuple[torch.Tensor, torch.Tensor] | None = None  # for the head, after prefill
 
     def __post_init__(self) -> None:
         self.generator = make_generator(self.config.sampling.seed)
@@ -98,12 +100,9 @@ class Decoding:
         step = self.target.prefill(prompt, self.cache, with_features=with_features)
         self.root = next_token(step.logits[-1], self.config.sampling, self.generator)
         tokens, spans = self._take([self.root], 0)
-        if self.drafter is not None and self.stop_reason is None:
-            # the head's pass over the prompt is prompt work too: timed here, with the prefill,
-            # not in the first round (where it would grow a round's cost with the prompt)
-            self.drafter.begin(prompt, self.root, step.features)
-            self.head_behind = False
         ttft_s = self.stats.ttft_s = now(self.target.device) - self.start
+        if self.drafter is not None and self.stop_reason is None:
+            self._unread_prompt = (prompt, step.features)
         if self.policy is not None:
             self.policy.begin_request()
         return RoundCompleted(
@@ -119,8 +118,22 @@ class Decoding:
             elapsed_s=ttft_s,
         )
 
+    def read_prompt(self) -> None:
+        """The head's pass over the prompt, once the first token is out: prompt work (timed
+        apart, as ``prompt_head_s``), not part of the first round, where it would grow that
+        round's cost with the prompt length."""
+        if self._unread_prompt is None:
+            return
+        start = now(self.target.device)
+        prompt, features = self._unread_prompt
+        self.drafter.begin(prompt, self.root, features)
+        self._unread_prompt = None
+        self.head_behind = False
+        self.stats.prompt_head_s = now(self.target.device) - start
+
     def round(self) -> RoundCompleted:
         """One verification round, emitted as its event."""
+        self.read_prompt()  # a driver that did not read it after the prefill: here, then
         device = self.target.device
         t0 = now(device)
         shape = self.config.tree if self.policy is None else self.policy.choose()

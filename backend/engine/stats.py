@@ -22,7 +22,8 @@ from backend.events import (
 @dataclass(slots=True)
 class SpecStats:
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
-    ttft_s: float = 0.0  # the prompt's processing (target prefill; for EAGLE also the head's pass)
+    ttft_s: float = 0.0  # the prefill's time to the first token
+    prompt_head_s: float = 0.0  # EAGLE's head over the prompt, after the first token
     draft_s: float = 0.0
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
@@ -70,6 +71,7 @@ class SpecStats:
             hint=hint,
             stopped_by=stopped_by,
             tree_shapes=tuple(self.tree_shapes.most_common()),
+            prompt_head_s=self.prompt_head_s,
         )
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from backend.config import GenerationConfig, SamplingConfig
+from backend.config import GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
-from backend.events import Finished
+from backend.events import Finished, RoundCompleted
 from tests.engine.helpers import make_runner
 from tests.factories import easy_llama_pair, tiny_tokenizer
 
@@ -61,3 +61,25 @@ def test_the_tokens_only_view_shares_the_tuning_and_makes_no_text() -> None:
     full = summary_of(with_marker, config)
     assert full.token_ids == bare.token_ids[: bare.token_ids.index(marker)]
     assert full.stopped_by == "M" and full.text
+
+
+def test_the_first_token_is_out_before_the_heads_pass_over_the_prompt(monkeypatch) -> None:
+    """The head's pass is prompt work that the first token need not wait for: it runs once the
+    first token's event is out, is timed apart (not in any round) and only for EAGLE."""
+    runner, drafter = make_runner(*easy_llama_pair())
+    engine = Engine(runner, drafter)
+    begun = []
+    begin = drafter.begin
+    monkeypatch.setattr(drafter, "begin", lambda *args: begun.append(1) or begin(*args))
+    fixed = dataclasses.replace(
+        GenerationConfig(max_new_tokens=12), tree=TreeConfig(total_tokens=7, depth=6, top_k=1)
+    )
+    stream = engine.generate(PROMPT, fixed)
+    next(stream)  # Started
+    first = next(stream)
+    assert isinstance(first, RoundCompleted) and first.round_index == 0 and begun == []
+    rest = list(stream)
+    assert begun == [1] and isinstance(rest[-1], Finished)
+    assert rest[-1].summary.prompt_head_s > 0
+    vanilla = summary_of(engine, GenerationConfig(mode="vanilla", max_new_tokens=12))
+    assert vanilla.prompt_head_s == 0.0 and begun == [1]
