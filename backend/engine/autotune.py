@@ -255,14 +255,12 @@ class TreePolicy:
         tokens, but only its own rounds time it (chains skip the tree bookkeeping, so priced
         like the trees' rounds they look dearer than they run, and would never be tried)."""
         bigger = [t for t in self.ladder if t != best and covers(t, best)]
-        chains = [t for t in self.ladder if t.top_k == 1 and t != best]
+        chains = [t for t in self.ladder if t.top_k == 1] if best.top_k > 1 else []
         if not bigger and not chains:
             return best
         self.scouts += 1
-        if (self.scouts % 3 == 0 or not bigger) and best.top_k > 1 and chains:
+        if chains and (self.scouts % 3 == 0 or not bigger):
             return max(chains, key=self.speed)
-        if not bigger:
-            return best
         if self.scouts % (3 if best.top_k > 1 else 2) == 1:
             turn = [t for t in bigger if t.top_k > best.top_k]
         else:
