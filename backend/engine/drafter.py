@@ -73,7 +73,7 @@ class EagleDrafter:
         self._pending_tokens, self._pending_features = [], []
         shifted = torch.cat([prompt_ids[1:].to(self.device), self._tokens([first_token])])
         self._queue(shifted, prompt_features)
-        self._flush()  # the pass over the prompt belongs to the prefill, not the first round
+        self._flush()  # the pass over the prompt is prompt work, not part of the first round
 
     # ---- 2. one round's tree ------------------------------------------------------------
     @torch.inference_mode()

@@ -404,7 +404,7 @@ def test_estimates_return_to_the_long_run_while_drafting_is_off() -> None:
 def test_the_first_drafted_round_after_plain_steps_is_not_timed(monkeypatch) -> None:
     """That round also runs the head over the tokens of the plain steps, a one-off the
     calibrated round costs leave out: learning its time would make drafting look slower than it
-    is. The head's pass over the prompt runs in the prefill, so the first round is timed."""
+    is. The head's pass over the prompt runs before the first round, so that round is timed."""
     timed, chosen = [], []
     choose = TreePolicy.choose
 
