@@ -70,11 +70,14 @@ FIRST_PROBE_AFTER = 8  # plain steps before re-trying drafts; doubles up to MAX_
 MAX_PROBE_GAP = 64
 CLOSE_PROBE_GAP = 3  # plain steps between probes when drafting would pay at acceptance rates
 # one standard error above the estimates (a close call: the estimates may be unlucky)
+REPRICE_EVERY = 4  # rounds between pricings of every shape, once SETTLE_AFTER rounds were seen
+SETTLE_AFTER = 16
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
 WIDTH_PRIOR = 3.0  # a branching shape's width correction starts at 1 with this many rounds
 TIME_EMA = 0.15  # weight of the newest round in the machine's time ratio (a shared CPU drifts)
+STALL = 1.5  # a round's time teaches at most this factor off the expected (observe_time)
 SHAPE_TIME_EMA = TIME_EMA / 4  # a shape's time relative to the machine's is learned slower than the
 # machine's own ratio, so that a drift while one shape runs moves the machine's, not the shape's
 
@@ -169,6 +172,11 @@ class TreePolicy:
     probes: int = 0  # close-call probes so far
     observed_levels: int = 0  # depths whose outcome some round has shown (the rest are guessed)
     _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
+    _stale: bool = field(default=False, repr=False)  # estimates moved since it was made
+    _unpriced: int = field(default=0, repr=False)  # rounds since it was made
+    # modelled tokens by depth per guesses a level, from the present rates (modelled_tokens)
+    _curves: dict[float, list[float]] = field(default_factory=dict, repr=False)
+    _tails_now: list[float] = field(default_factory=list, repr=False)  # tail_rates() for them
 
     def __post_init__(self) -> None:
         self._best = _UNKNOWN
@@ -185,8 +193,10 @@ class TreePolicy:
 
     # ---- choosing ------------------------------------------------------------------------
     def choose(self) -> TreeConfig | None:
-        if self._best is _UNKNOWN:  # estimates changed since the last choice
+        self._unpriced += 1
+        if self._best is _UNKNOWN or (self._stale and self._unpriced >= REPRICE_EVERY):
             self._best = self.best_tree()
+            self._stale, self._unpriced = False, 0
         best = self._best
         if best is not None:
             self.plain_steps = 0
@@ -219,6 +229,15 @@ class TreePolicy:
         self.probes += 1
         return self.scout(probe) if self.probes % 2 == 0 else probe
 
+    def _estimates_moved(self) -> None:
+        """The cached choice is priced again at once while the first rounds teach fast, then
+        every REPRICE_EVERY rounds: pricing every shape each round costs a visible share of a
+        small model's round, and one round moves the estimates little."""
+        if self.seen[0] < SETTLE_AFTER:
+            self._best = _UNKNOWN
+        else:
+            self._stale = True
+
     def _return_to_long_run(self) -> None:
         moved = 0.0
         for level, long_rate in enumerate(self.long_rates):
@@ -233,6 +252,7 @@ class TreePolicy:
             moved = max(moved, abs(step) / tried)
         if moved > SETTLED:  # else the cached choice stands: no need to price every shape again
             self._best = _UNKNOWN
+            self._curves.clear()
 
     def best_tree(self) -> TreeConfig | None:
         """The shape with the most expected tokens per second (None: a plain step)."""
@@ -275,10 +295,16 @@ class TreePolicy:
         return self.costs.round_s(tree) * self.time_scale.of(tree)
 
     def observe_time(self, tree: TreeConfig | None, seconds: float) -> None:
-        """Learn from one real round's wall time (drafting, verification and bookkeeping)."""
-        ratio = min(max(seconds / self.costs.round_s(tree), 0.5), 4.0)  # a stall is no lesson
+        """Learn from one real round's wall time (drafting, verification and bookkeeping). A
+        round far off what is expected of it (a stall of the machine) teaches only up to
+        STALL times the expectation: taken whole, one stall among the first rounds set the
+        machine's ratio so high that the shapes first timed then kept their price for good
+        (only plain steps pin the ratio, and a head that pays runs none)."""
+        expected = self.time_scale.of(tree)
+        ratio = seconds / self.costs.round_s(tree)
+        ratio = min(max(ratio, expected / STALL, 0.5), expected * STALL, 4.0)
         self.time_scale.observe(tree, ratio)
-        self._best = _UNKNOWN
+        self._estimates_moved()
 
     def expected_tokens(self, tree: TreeConfig) -> float:
         """The model's estimate, overruled by the shape's own replays as they add up (one lucky
@@ -311,15 +337,13 @@ class TreePolicy:
         """1 + sum over depths of the chance that every level so far held the target's token
         among the guesses a node of this shape gets (about (N - 1) / D of them, at most K)."""
         guesses = max(1.0, min(float(tree.top_k), (tree.total_tokens - 1) / tree.depth))
-        later_wrong = 1.0  # chance that every guess past the first fails too
-        for rank, wrong in enumerate(self.tail_rates(), start=1):
-            later_wrong *= wrong ** min(max(guesses - rank, 0.0), 1.0)
-        total, reach = 1.0, 1.0
-        for depth in range(tree.depth):
-            first = (rates or self.rates)[min(depth, len(self.rates) - 1)]
-            reach *= min(1.0 - (1.0 - first) * later_wrong, 0.99)
-            total += reach
-        return total
+        if rates is not None:
+            return _token_curve(guesses, rates, self.tail_rates())[tree.depth]
+        if not self._curves:  # the estimates changed: the tails too
+            self._tails_now = self.tail_rates()
+        if guesses not in self._curves:  # shapes with as many guesses a level share one
+            self._curves[guesses] = _token_curve(guesses, self.rates, self._tails_now)
+        return self._curves[guesses][tree.depth]
 
     def tail_rates(self) -> list[float]:
         """Per rank past the first, the chance that guess is wrong once the earlier ones were;
@@ -352,7 +376,7 @@ class TreePolicy:
         """Learn from ``accepted`` drafts of ``tree``, what each covered shape would have
         accepted (``replayed``; a chain's prefixes are known exactly) and, per reached level,
         (rank of the accepted guess or None, guesses tried) (``outcomes``; default: a chain)."""
-        self._best = _UNKNOWN
+        self._estimates_moved()
         if replayed is None:
             replayed = self.chain_replay(tree, accepted) if tree.top_k == 1 else {tree: accepted}
         reference = 1.0 + min(accepted, 1)  # what one draft would have given this round
@@ -394,6 +418,7 @@ class TreePolicy:
     def _observe_ranks(
         self, outcomes: list[tuple[int | None, int]], deepest: bool, depth: int
     ) -> None:
+        self._curves.clear()
         fade = 1.0 - EMA
         for level, (rank, guesses) in enumerate(outcomes):
             if level < len(self.rates):
@@ -418,6 +443,19 @@ class TreePolicy:
             # what it showed (else every full round would revive a depth where drafts fail)
             for level in range(max(depth, self.observed_levels), len(self.rates)):
                 self.rates[level] = max(self.rates[level], top)
+
+
+def _token_curve(guesses: float, rates: list[float], tails: list[float]) -> list[float]:
+    """Modelled tokens per round at every depth (index = depth) for ``guesses`` guesses a level,
+    from the first-guess ``rates`` per depth and the ``tails`` (TreePolicy.tail_rates)."""
+    later_wrong = 1.0  # chance that every guess past the first fails too
+    for rank, wrong in enumerate(tails, start=1):
+        later_wrong *= wrong ** min(max(guesses - rank, 0.0), 1.0)
+    curve, reach = [1.0], 1.0
+    for first in rates:
+        reach *= min(1.0 - (1.0 - first) * later_wrong, 0.99)
+        curve.append(curve[-1] + reach)
+    return curve
 
 
 def _prior_tails() -> list[tuple[float, float]]:

@@ -12,7 +12,10 @@ from backend.engine.autotune import (
     FIRST_PROBE_AFTER,
     LADDER,
     MIN_EVIDENCE,
+    REPRICE_EVERY,
     SCOUT_EVERY,
+    SETTLE_AFTER,
+    STALL,
     TreePolicy,
 )
 from backend.engine.calibration import MEASURED_SIZES, CostModel
@@ -295,6 +298,51 @@ def test_real_round_times_correct_the_calibrated_costs() -> None:
     )
     policy.observe_time(tree, 100.0)  # a stall counts as at most 4x
     assert policy.round_s(tree) <= 4.0 * CPU_LIKE.round_s(tree)
+
+
+def test_a_stall_among_the_first_rounds_does_not_price_shapes_for_good() -> None:
+    """The first timed round stalls (ten times its cost), then every round runs as calibrated
+    and no plain step comes (drafting pays): a shape timed only during the stall, never again,
+    is still priced near its calibrated cost, not at the machine's ratio of that moment."""
+    policy = TreePolicy(CPU_LIKE)
+    stalled, chain = TreeConfig(16, 6, 3), TreeConfig(7, 6, 1)
+    policy.observe_time(stalled, 10.0 * CPU_LIKE.round_s(stalled))
+    assert policy.round_s(stalled) <= STALL * CPU_LIKE.round_s(stalled) * 1.001
+    for _ in range(200):
+        policy.observe_time(chain, CPU_LIKE.round_s(chain))
+    assert policy.round_s(chain) == pytest.approx(CPU_LIKE.round_s(chain), rel=0.02)
+    assert policy.round_s(stalled) < 1.6 * CPU_LIKE.round_s(stalled)
+
+
+def test_a_slower_machine_is_still_learned_past_the_stall_bound() -> None:
+    """Every round now takes three times its calibrated cost: the bound slows the lesson but
+    does not stop it."""
+    policy = TreePolicy(CPU_LIKE)
+    chain = TreeConfig(7, 6, 1)
+    for _ in range(60):
+        policy.observe_time(chain, 3.0 * CPU_LIKE.round_s(chain))
+    assert policy.round_s(chain) == pytest.approx(3.0 * CPU_LIKE.round_s(chain), rel=0.05)
+
+
+def test_settled_estimates_are_priced_every_few_rounds_not_every_round(monkeypatch) -> None:
+    """Pricing every shape costs a visible share of a small model's round: once the first
+    rounds have taught, the choice is priced again every REPRICE_EVERY rounds; before that,
+    after every round."""
+    policy = TreePolicy(CPU_LIKE)
+    priced = []
+    best_tree = policy.best_tree
+    monkeypatch.setattr(policy, "best_tree", lambda: priced.append(1) or best_tree())
+    chain = TreeConfig(7, 6, 1)
+    for _ in range(SETTLE_AFTER):
+        policy.observe(policy.choose() or chain, 3)
+    assert len(priced) == SETTLE_AFTER
+    priced.clear()
+    rounds = 8 * REPRICE_EVERY
+    for _ in range(rounds):
+        shape = policy.choose() or chain
+        policy.observe(shape, 3)
+        policy.observe_time(shape, CPU_LIKE.round_s(shape))
+    assert len(priced) == rounds // REPRICE_EVERY
 
 
 def test_a_family_never_run_is_priced_like_the_drafting_rounds_seen() -> None:
