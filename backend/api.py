@@ -47,7 +47,7 @@ from backend.events import (
     Started,
     format_bytes,
 )
-from backend.services import hub_mode, planning
+from backend.services import hub_mode, planning, tuning_cache
 from backend.services import race as racing
 from backend.services.catalog import PairSpec, load_catalog
 from backend.services.dtypes import choose_dtype
@@ -362,6 +362,8 @@ class Backend:
         if self.pair is None:
             return
         logger.info("unloading %s", self.pair.info.target)
+        if self.pair.tuning_key is not None:
+            tuning_cache.save(self.pair.engine.policies, self.pair.tuning_key)
         self.pair = None
         self._vanilla_speed = None
         gc.collect()

@@ -186,6 +186,66 @@ class TreePolicy:
         """A policy over the shapes the drafter builds: top-k trees, or chains when sampling."""
         return cls(costs, ladder=SAMPLED_LADDER if sampled else LADDER)
 
+    # ---- what it learned, kept across launches (backend/services/tuning_cache.py) ----------
+    def learned(self) -> dict:
+        """The estimates as JSON-ready data (not the round counters of this session)."""
+        return {
+            "rates": self.rates,
+            "long_rates": self.long_rates,
+            "seen": self.seen,
+            "tails": [list(counts) for counts in self.tails],
+            "long_tails": [list(counts) for counts in self.long_tails],
+            "measured": {_name(s): list(sums) for s, sums in self.measured.items()},
+            "reference_tokens": self.reference_tokens,
+            "width_fit": {_name(s): list(sums) for s, sums in self.width_fit.items()},
+            "observed_levels": self.observed_levels,
+            "time_scale": {
+                "shapes": {_name(s): f for s, f in self.time_scale.shapes.items() if s},
+                "families": self.time_scale.families,
+                "drafting": self.time_scale.drafting,
+                "overall": self.time_scale.overall,
+            },
+        }
+
+    def restore(self, data: dict, with_times: bool = True) -> None:
+        """Take up what ``learned`` saved (shapes off this ladder are dropped). ``with_times``
+        False keeps the time factors fresh: they are relative to the costs they were learned
+        against, so costs timed again make them meaningless. Raises ValueError (or KeyError,
+        TypeError) on data of another form, before changing anything."""
+        shapes = {_name(s): s for s in self.ladder}
+
+        def sums(saved: dict) -> dict:
+            return {shapes[n]: tuple(map(float, v)) for n, v in saved.items() if n in shapes}
+
+        rates, long_rates = list(map(float, data["rates"])), list(map(float, data["long_rates"]))
+        seen = list(map(int, data["seen"]))
+        tails = [tuple(map(float, counts)) for counts in data["tails"]]
+        long_tails = [tuple(map(float, counts)) for counts in data["long_tails"]]
+        if {len(rates), len(long_rates), len(seen)} != {len(self.rates)} or {
+            len(tails),
+            len(long_tails),
+        } != {len(self.tails)}:
+            raise ValueError("tuning state of another form")
+        if any(len(counts) != 2 or counts[1] <= 0 for counts in tails + long_tails):
+            raise ValueError("tuning state of another form")
+        times = data["time_scale"]
+        time_scale = TimeScales(
+            shapes={shapes[n]: float(f) for n, f in times["shapes"].items() if n in shapes},
+            families={str(k): float(f) for k, f in times["families"].items()},
+            drafting=None if times["drafting"] is None else float(times["drafting"]),
+            overall=None if times["overall"] is None else float(times["overall"]),
+        )
+        measured, width_fit = sums(data["measured"]), sums(data["width_fit"])
+        reference, levels = float(data["reference_tokens"]), int(data["observed_levels"])
+        self.rates, self.long_rates, self.seen = rates, long_rates, seen
+        self.tails, self.long_tails = tails, long_tails  # type: ignore[assignment]
+        self.measured, self.width_fit = measured, width_fit  # type: ignore[assignment]
+        self.reference_tokens, self.observed_levels = reference, levels
+        if with_times:
+            self.time_scale = time_scale
+        self._best = _UNKNOWN
+        self._curves.clear()
+
     def begin_request(self) -> None:
         """A new prompt is new text: if drafting was switched off, probe on its first round
         rather than carrying the old reply's back-off into it."""
@@ -469,6 +529,10 @@ def _count(counts: tuple[float, float], missed: bool, keep: float) -> tuple[floa
     """Fading (wrong, tried) counts after one more try."""
     wrong, tried = counts
     return keep * wrong + missed, keep * tried + 1.0
+
+
+def _name(tree: TreeConfig) -> str:
+    return f"{tree.total_tokens}/{tree.depth}/{tree.top_k}"
 
 
 def _family(tree: TreeConfig | None) -> str:

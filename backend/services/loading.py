@@ -40,7 +40,7 @@ from backend.engine.readout import Forms, describe, speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
-from backend.services import calibration_cache, gguf_cache
+from backend.services import calibration_cache, gguf_cache, tuning_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
@@ -67,6 +67,7 @@ class LoadedPair:
     prompt_format: str = "auto"  # see backend/services/prompting.py
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
     readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
+    tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
 
 
 @dataclass
@@ -211,6 +212,9 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     engine = Engine(runner, drafter, tokenizer, stops, costs)
+    if drafter is not None:  # start from what the tuner learned of this pair last time
+        tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
+        tuning_cache.save_at_exit(engine.policies, key)
     return LoadedPair(
         model=model,
         tokenizer=tokenizer,
@@ -222,6 +226,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         prompt_format=prompt_format,
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
+        tuning_key=key if drafter is not None else None,
     )
 
 

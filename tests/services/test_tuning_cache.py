@@ -1,0 +1,130 @@
+"""What the tree auto-tuner learned, kept across launches: a second load of the same pair starts
+from the first one's estimates (its first reply then skips the prior), and a damaged or
+foreign entry only means starting afresh."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+
+import pytest
+
+from backend.config import GenerationConfig, LoadConfig, TreeConfig
+from backend.engine.autotune import LADDER, TreePolicy
+from backend.engine.calibration import MEASURED_SIZES, CostModel
+from backend.engine.progress import drain
+from backend.services import tuning_cache
+from backend.services.cache_home import cache_home
+from backend.services.loading import load_steps, prepare
+from models.checkpoints import save_head
+from tests.factories import easy_llama_pair, tiny_tokenizer
+
+COSTS = CostModel({n: 0.005 * (1 + 0.1 * (n - 1)) for n in MEASURED_SIZES}, draft_step_s=0.0005)
+
+
+def taught(policy: TreePolicy, rounds: int = 60) -> TreePolicy:
+    """Rounds where the head's first guess holds at depths 1-3 and fails at depth 4, the
+    second guess holding at depth 4; each round is timed at 1.3x its calibrated cost."""
+    for _ in range(rounds):
+        shape = policy.choose() or LADDER[0]
+        accepted = min(shape.depth, 4 if shape.top_k > 1 else 3)
+        outcomes = [(0, 2)] * min(accepted, 3) + ([(1, 2)] if accepted > 3 else [])
+        outcomes += [(None, 2)] if accepted < shape.depth else []
+        replayed = {s: min(s.depth, 4 if s.top_k > 1 else 3) for s in policy.covered_shapes(shape)}
+        policy.observe(shape, accepted, replayed, outcomes)
+        policy.observe_time(shape, 1.3 * COSTS.round_s(shape))
+    return policy
+
+
+def test_a_restored_policy_prices_every_shape_as_the_saved_one() -> None:
+    old = taught(TreePolicy(COSTS))
+    new = TreePolicy(COSTS)
+    new.restore(json.loads(json.dumps(old.learned())))
+    assert new.best_tree() == old.best_tree() != TreePolicy(COSTS).best_tree()
+    for shape in LADDER:
+        assert new.expected_tokens(shape) == pytest.approx(old.expected_tokens(shape))
+        assert new.round_s(shape) == pytest.approx(old.round_s(shape))
+    assert new.seen == old.seen and new.rates == old.rates
+
+
+def test_time_factors_are_left_out_when_the_costs_were_timed_again() -> None:
+    old = taught(TreePolicy(COSTS))
+    new = TreePolicy(COSTS)
+    new.restore(old.learned(), with_times=False)
+    assert new.rates == old.rates
+    assert new.round_s(LADDER[5]) == pytest.approx(COSTS.round_s(LADDER[5]))
+    assert old.round_s(LADDER[5]) > 1.2 * COSTS.round_s(LADDER[5])
+
+
+def test_state_of_another_form_changes_nothing() -> None:
+    state = taught(TreePolicy(COSTS)).learned()
+    state["rates"] = state["rates"][:3]
+    policy = TreePolicy(COSTS)
+    before = policy.learned()
+    with pytest.raises(ValueError):
+        policy.restore(state)
+    assert policy.learned() == before
+
+
+@pytest.fixture
+def pair_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer(tmp_path / "target")
+    target, head = easy_llama_pair(vocab_size=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    save_head(head, tmp_path / "head")
+    return tmp_path
+
+
+def load(root):
+    config = LoadConfig(target=str(root / "target"), head=str(root / "head"), dtype="float32")
+    return drain(load_steps(prepare(config, str(root / "target"), str(root / "head"))))
+
+
+def reply(pair) -> None:
+    config = GenerationConfig(max_new_tokens=24, tree=TreeConfig(auto=True), stop_on_eos=False)
+    for _ in pair.engine.generate([1, 5, 9, 13], config):
+        pass
+
+
+def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk) -> None:
+    first = load(pair_on_disk)
+    assert first.engine.policies == {}  # nothing saved yet: the prior
+    reply(first)
+    learned = first.engine.policies[False]
+    assert learned.seen[0] > 0
+    tuning_cache.save(first.engine.policies, first.tuning_key)
+    second = load(pair_on_disk)
+    restored = second.engine.policies[False]
+    assert restored is not learned
+    assert restored.seen == learned.seen and restored.rates == learned.rates
+    assert restored.time_scale.overall == learned.time_scale.overall  # costs read from cache
+
+
+def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog) -> None:
+    first = load(pair_on_disk)
+    reply(first)
+    tuning_cache.save(first.engine.policies, first.tuning_key)
+    (entry,) = (cache_home() / "tuning").glob("*.json")
+    entry.write_text('{"greedy": {"rates": [0.5]}}')
+    with caplog.at_level(logging.WARNING):
+        second = load(pair_on_disk)
+    assert second.engine.policies == {}
+    assert "ignoring the unreadable tuning state" in caplog.text
+    reply(second)  # and the pair works, from the prior
+    assert second.engine.policies[False].seen[0] > 0
+
+
+def test_what_a_run_learned_is_saved_at_exit_even_once_its_engine_is_gone(pair_on_disk) -> None:
+    """A command-line run drops its pair before the process ends: the exit hook keeps only
+    the policies, and saves them."""
+    first = load(pair_on_disk)
+    reply(first)
+    seen = list(first.engine.policies[False].seen)
+    del first
+    gc.collect()
+    assert not (cache_home() / "tuning").exists()
+    tuning_cache._save_all()  # what the exit hook runs
+    second = load(pair_on_disk)
+    assert second.engine.policies[False].seen == seen
