@@ -200,7 +200,7 @@ class TreePolicy:
             "width_fit": {_name(s): list(sums) for s, sums in self.width_fit.items()},
             "observed_levels": self.observed_levels,
             "time_scale": {
-                "shapes": {_name(s): f for s, f in self.time_scale.shapes.items() if s},
+                "shapes": {_name(s): f for s, f in self.time_scale.shapes.items()},
                 "families": self.time_scale.families,
                 "drafting": self.time_scale.drafting,
                 "overall": self.time_scale.overall,

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 TUNING_FORMAT = 1  # bump when what TreePolicy.learned() holds changes
 _NAMES = {False: "greedy", True: "sampled"}  # one policy per greedy and sampled decoding
+_at_exit: dict[Path, tuple[dict[bool, TreePolicy], dict]] = {}  # what to save at exit, by entry
 
 
 def _entry(key: dict) -> Path:
@@ -52,17 +53,19 @@ def restore(engine: Engine, key: dict, with_times: bool) -> bool:
 
 
 def save(policies: dict[bool, TreePolicy], key: dict) -> None:
-    """Best effort: a read-only or full disk only means starting from the prior next time."""
-    learned = {_NAMES[sampled]: policy.learned() for sampled, policy in policies.items()}
-    if not learned:
-        return
+    """Best effort: a read-only or full disk (or a reply still decoding while the process
+    ends, changing the estimates under the copy) only means starting from less next time."""
     path = _entry(key)
     try:
+        learned = {_NAMES[sampled]: policy.learned() for sampled, policy in policies.items()}
+        if not learned:
+            return
+        text = json.dumps(learned)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(learned))
+        tmp.write_text(text)
         tmp.replace(path)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         logger.warning("could not save the tuning state to %s: %s", path, err)
 
 
@@ -74,9 +77,6 @@ def save_at_exit(policies: dict[bool, TreePolicy], key: dict) -> None:
     if not _at_exit:
         atexit.register(_save_all)
     _at_exit[_entry(key)] = (policies, key)
-
-
-_at_exit: dict[Path, tuple[dict[bool, TreePolicy], dict]] = {}
 
 
 def _save_all() -> None:
