@@ -251,6 +251,12 @@ def _run_facts(result: BenchResult) -> list[str]:
             if calibration
             else "tree calibration read from the on-disk cache"
         )
+    if "tuning_restored" in s:
+        facts.append(
+            "tree tuner started from what an earlier run learned"
+            if s["tuning_restored"]
+            else "tree tuner started afresh"
+        )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")
     if s.get("peak_rss_bytes"):

@@ -247,6 +247,7 @@ def run_bench(
         "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
         "prompt_tokens_min": min(map(len, encoded), default=0),
         "calibration_s": round(pair.calibration_s, 2),
+        "tuning_restored": pair.tuning_restored,
         "peak_rss_bytes": peak_rss_bytes(),
         "readout": pair.readout_forms,
         **first,

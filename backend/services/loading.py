@@ -68,6 +68,7 @@ class LoadedPair:
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
     readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
+    tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
 
 @dataclass
@@ -212,8 +213,9 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     engine = Engine(runner, drafter, tokenizer, stops, costs)
+    restored = False
     if drafter is not None:  # start from what the tuner learned of this pair last time
-        tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
+        restored = tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
         tuning_cache.save_at_exit(engine.policies, key)
     return LoadedPair(
         model=model,
@@ -227,6 +229,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
         tuning_key=key if drafter is not None else None,
+        tuning_restored=restored,
     )
 
 

@@ -150,6 +150,8 @@ def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
     first, second = result.settings["first_message_tok_s"], result.settings["second_message_tok_s"]
     assert first > 0 and second > 0  # the first reply after load is measured, then the same again
     assert f"first EAGLE reply after load {first:.1f} tok/s" in markdown
+    assert result.settings["tuning_restored"] is False  # new weights: nothing learned yet
+    assert "tree tuner started afresh" in markdown
     length = result.settings["first_message_tokens"]  # the whole budget, past EOS
     assert length == spec.max_new_tokens and f"{length} tokens each" in markdown
 

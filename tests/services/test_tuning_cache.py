@@ -90,14 +90,14 @@ def reply(pair) -> None:
 
 def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk) -> None:
     first = load(pair_on_disk)
-    assert first.engine.policies == {}  # nothing saved yet: the prior
+    assert first.engine.policies == {} and not first.tuning_restored  # nothing saved: the prior
     reply(first)
     learned = first.engine.policies[False]
     assert learned.seen[0] > 0
     tuning_cache.save(first.engine.policies, first.tuning_key)
     second = load(pair_on_disk)
     restored = second.engine.policies[False]
-    assert restored is not learned
+    assert second.tuning_restored and restored is not learned
     assert restored.seen == learned.seen and restored.rates == learned.rates
     assert restored.time_scale.overall == learned.time_scale.overall  # costs read from cache
 
