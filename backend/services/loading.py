@@ -216,6 +216,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     restored = False
     if drafter is not None:  # start from what the tuner learned of this pair last time
         restored = tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
+        if restored:
+            logger.info("the tree tuner resumes from what earlier runs of this pair learned")
         tuning_cache.save_at_exit(engine.policies, key)
     return LoadedPair(
         model=model,
