@@ -54,3 +54,15 @@ def greedy(max_new_tokens: int = 16, mode: str = "eagle") -> GenerationConfig:
         tree=TreeConfig(total_tokens=8, depth=4, top_k=2),
         stop_on_eos=False,
     )
+
+
+@pytest.fixture
+def pair_on_disk(tmp_path, monkeypatch) -> Path:
+    """The easy pair saved under ``tmp_path`` (target/, head/), with a cache of its own there, for
+    tests of what a load keeps on disk (calibration, tuner state)."""
+    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer(tmp_path / "target")
+    target, head = easy_llama_pair(vocab_size=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    save_head(head, tmp_path / "head")
+    return tmp_path

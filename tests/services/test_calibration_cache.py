@@ -13,18 +13,6 @@ from backend.engine.progress import drain
 from backend.engine.readout import form_of
 from backend.services import calibration_cache
 from backend.services.loading import load_steps, prepare
-from models.checkpoints import save_head
-from tests.factories import easy_llama_pair, tiny_tokenizer
-
-
-@pytest.fixture
-def pair_on_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
-    tokenizer = tiny_tokenizer(tmp_path / "target")
-    target, head = easy_llama_pair(vocab_size=len(tokenizer))
-    target.save_pretrained(tmp_path / "target")
-    save_head(head, tmp_path / "head")
-    return tmp_path
 
 
 def load(root, dtype: str = "float32"):

@@ -17,8 +17,6 @@ from backend.engine.progress import drain
 from backend.services import tuning_cache
 from backend.services.cache_home import cache_home
 from backend.services.loading import load_steps, prepare
-from models.checkpoints import save_head
-from tests.factories import easy_llama_pair, tiny_tokenizer
 
 COSTS = CostModel({n: 0.005 * (1 + 0.1 * (n - 1)) for n in MEASURED_SIZES}, draft_step_s=0.0005)
 
@@ -65,16 +63,6 @@ def test_state_of_another_form_changes_nothing() -> None:
     with pytest.raises(ValueError):
         policy.restore(state)
     assert policy.learned() == before
-
-
-@pytest.fixture
-def pair_on_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
-    tokenizer = tiny_tokenizer(tmp_path / "target")
-    target, head = easy_llama_pair(vocab_size=len(tokenizer))
-    target.save_pretrained(tmp_path / "target")
-    save_head(head, tmp_path / "head")
-    return tmp_path
 
 
 def load(root):
