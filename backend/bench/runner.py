@@ -231,12 +231,7 @@ def run_bench(
             result.runs = {method: median_run(done) for method, done in runs.items()}
             results.append(result)
     settings = {
-        "target": pair.target_path,
-        "head": pair.head_path,
-        "head_kind": pair.info.head_kind,
-        "device": str(pair.engine.runner.device),
-        "dtype": pair.info.dtype,
-        "machine": machine_description(pair.engine.runner.device),
+        **_pair_settings(pair),
         "temperature": spec.temperature,
         "max_new_tokens": spec.max_new_tokens,
         "tree": spec.describe_tree(),
@@ -246,13 +241,26 @@ def run_bench(
         "torch": torch.__version__,
         "prompt_tokens_mean": round(sum(map(len, encoded)) / max(1, len(encoded)), 1),
         "prompt_tokens_min": min(map(len, encoded), default=0),
-        "calibration_s": round(pair.calibration_s, 2),
-        "tuning_restored": pair.tuning_restored,
         "peak_rss_bytes": peak_rss_bytes(),
-        "readout": pair.readout_forms,
         **first,
     }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
+
+
+def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
+    """What the run's numbers depend on from the load: the pair, device, dtype, machine, and
+    what the load timed or found kept (calibration, tuner state, projection forms)."""
+    return {
+        "target": pair.target_path,
+        "head": pair.head_path,
+        "head_kind": pair.info.head_kind,
+        "device": str(pair.engine.runner.device),
+        "dtype": pair.info.dtype,
+        "machine": machine_description(pair.engine.runner.device),
+        "calibration_s": round(pair.calibration_s, 2),
+        "tuning_restored": pair.tuning_restored,
+        "readout": pair.readout_forms,
+    }
 
 
 def _first_messages(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> dict[str, float]:
