@@ -113,7 +113,6 @@ def calibrate(
     """Time target forwards of each candidate width (branching trees and chains), head steps and
     whole rounds of ``shapes`` on this device, yielding the number of measurements done after
     each one. Costs are made non-decreasing in the number of tokens (more never costs less)."""
-    prompt = torch.zeros(context, dtype=torch.long)
     forwards: list[tuple[dict[int, float], int, DraftTree]] = []
     verify_s: dict[int, float] = {}
     chain_verify_s: dict[int, float] = {}
@@ -123,8 +122,7 @@ def calibrate(
     rounds = {shape.label(): float("inf") for shape in shapes}
     done = 0
     with torch.inference_mode():
-        cache = runner.new_cache()
-        step = runner.prefill(prompt, cache, with_features=drafter is not None)
+        prompt, cache, step = _prefilled(runner, context, with_features=drafter is not None)
         for _, _, tree in (forwards[0], forwards[-1]):  # warm-up, untimed
             _time_verify(runner, cache, tree)
         for _ in range(repeats):
@@ -167,10 +165,8 @@ def measure_costs(
 def plain_step_s(runner, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> float:
     """The fastest of a few plain steps after a prompt of ``context`` tokens, timed the way
     ``calibrate`` times them: a quick check of costs read from the cache."""
-    prompt = torch.zeros(context, dtype=torch.long)
     with torch.inference_mode():
-        cache = runner.new_cache()
-        runner.prefill(prompt, cache, with_features=True)
+        _, cache, _ = _prefilled(runner, context, with_features=True)
         return min(_time_verify(runner, cache, _chain(1)) for _ in range(repeats))
 
 
@@ -180,6 +176,14 @@ def timed_busier(costs: CostModel, plain_now_s: float) -> bool:
     a timing made now more than one made at rest."""
     cached = min(costs.verify(1), costs.verify(1, chain=True))
     return cached > BUSIER_FACTOR * plain_now_s
+
+
+def _prefilled(runner, context: int, with_features: bool):
+    """A prompt of ``context`` zeros, a new cache holding it, and its prefill step: where every
+    timed forward starts from."""
+    prompt = torch.zeros(context, dtype=torch.long)
+    cache = runner.new_cache()
+    return prompt, cache, runner.prefill(prompt, cache, with_features=with_features)
 
 
 def _branching(size: int) -> DraftTree:
