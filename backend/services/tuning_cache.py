@@ -32,7 +32,7 @@ def _entry(key: dict) -> Path:
 def restore(engine: Engine, key: dict, with_times: bool) -> bool:
     """Give ``engine`` the policies saved under ``key``; ``with_times`` False when its costs
     were timed again at this load (the saved time factors are relative to the old ones)."""
-    costs = engine.tree_costs() if engine.drafter is not None else None
+    costs = engine.tree_costs()  # None without a drafter: nothing to tune
     if costs is None:
         return False
     path = _entry(key)
