@@ -83,6 +83,9 @@ class LiveStats:
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
     accepted_drafts: int = 0
     ttft_s: float | None = None
+    # when the first verification round began: after the prefill and, for EAGLE, after the
+    # head's pass over the prompt, which is prompt work, not decoding (the bench leaves it out)
+    decode_start_s: float | None = None
     elapsed_s: float = 0.0
     progress: list[tuple[float, int]] = field(default_factory=list)  # (elapsed_s, new_tokens)
     summary: GenerationSummary | None = None
@@ -107,6 +110,9 @@ class LiveStats:
             elif not event.rounds_known:
                 pass  # a remote chunk: the engine's metrics count its draft rounds
             else:
+                if self.decode_start_s is None:
+                    parts = event.draft_s + event.verify_s + event.bookkeeping_s
+                    self.decode_start_s = event.elapsed_s - parts
                 self.verify_tokens += len(event.token_ids)
                 self.accepted_drafts += event.num_accepted_drafts
                 self.acceptance_lengths.append(len(event.token_ids))
@@ -136,10 +142,12 @@ class LiveStats:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens/s after the first token: what a vanilla baseline (prefill excluded) measures."""
-        if self.ttft_s is None or self.elapsed_s <= self.ttft_s or not self.verify_tokens:
+        """Tokens/s of the verification rounds, from the first one's start: the prefill and the
+        head's pass over the prompt left out, as the bench's decode speed does."""
+        start = self.decode_start_s
+        if start is None or self.elapsed_s <= start or not self.verify_tokens:
             return None
-        return self.verify_tokens / (self.elapsed_s - self.ttft_s)
+        return self.verify_tokens / (self.elapsed_s - start)
 
     @property
     def tau(self) -> float | None:

@@ -100,9 +100,9 @@ def scripted_rounds(
                 spans=pieces,
                 num_accepted_drafts=0 if vanilla else accepted,
                 tree_size=1 if vanilla else 8,
-                draft_s=0.01,
-                verify_s=0.02,
-                bookkeeping_s=0.0,
+                draft_s=0.03,  # the parts of a round fill the 0.1 s between events
+                verify_s=0.06,
+                bookkeeping_s=0.01,
                 elapsed_s=0.1 * (index + 1),
             )
         )

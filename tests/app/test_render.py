@@ -77,6 +77,20 @@ def test_live_stats_follow_the_rounds() -> None:
     assert not stats.done
 
 
+def test_decode_speed_leaves_the_heads_prompt_pass_out() -> None:
+    """EAGLE's head reads the prompt between the first token and the first round: prompt
+    work, which the decode speed leaves out as the bench does (vanilla has none)."""
+    rounds = scripted_rounds()
+    head_pass_s = 0.5
+    late = [rounds[0]] + [
+        replace(event, elapsed_s=event.elapsed_s + head_pass_s) for event in rounds[1:]
+    ]
+    stats = fold(late)
+    assert stats.decode_start_s == pytest.approx(0.1 + head_pass_s)
+    assert stats.decode_tokens_per_s == pytest.approx(8 / 0.3)  # as without the pass
+    assert stats.tokens_per_s == pytest.approx(9 / (0.4 + head_pass_s))  # the whole reply
+
+
 def test_stats_markdown_shows_every_number_and_the_final_state() -> None:
     rounds = scripted_rounds()
     stats = fold([*rounds, Finished("r", summary_of(rounds, "max_new_tokens"))])
