@@ -85,6 +85,7 @@ class ModelsTab:
     stop_download_button: gr.Button
     load_button: gr.Button
     unload_button: gr.Button
+    reset_tuning_button: gr.Button
     progress: gr.HTML
     status: gr.Markdown
 
@@ -140,6 +141,9 @@ def build_models_tab(
             )
             depth = gr.Slider(1, 12, value=_TREE.depth, step=1, label="depth (draft steps)")
             top_k = gr.Slider(1, 16, value=_TREE.top_k, step=1, label="top-k per expansion")
+            reset_tuning_button = gr.Button(
+                "Forget what auto learned of this pair", size="sm", elem_id="models-reset-tuning"
+            )
     with gr.Row():
         plan_button = gr.Button("Check size & memory", elem_id="models-plan-btn")
         download_button = gr.Button("Download", elem_id="models-download-btn")
@@ -164,6 +168,7 @@ def build_models_tab(
         stop_download_button=stop_download_button,
         load_button=load_button,
         unload_button=unload_button,
+        reset_tuning_button=reset_tuning_button,
         progress=progress,
         status=status,
     )
@@ -284,6 +289,20 @@ class ModelsController:
         self.backend.unload()
         return "", "Unloaded: no model in memory.", self.header()
 
+    def reset_tuning(self) -> tuple[str, str]:
+        """(status, header): the auto tree starts again from its prior, here and next launch."""
+        try:
+            self.backend.reset_tuning()
+        except EagleChatError as err:
+            return error_markdown(LoadFailed(err.code, err.message, err.hint)), self.header()
+        except OSError as err:
+            return f"**Could not delete the saved tuning state:** {err}", self.header()
+        message = (
+            "✓ The tree tuner forgot what it learned of this pair: the next reply learns the "
+            "head's acceptance and this machine's round times from scratch."
+        )
+        return message, self.header()
+
     def header(self) -> str:
         return pair_info_markdown(self.backend.status().loaded)
 
@@ -395,6 +414,13 @@ def wire_models_tab(
         controller.unload,
         outputs=[tab.progress, tab.status, header],
         api_name="unload",
+        concurrency_id=MODEL_GROUP,
+        concurrency_limit=MODEL_CONCURRENCY,
+    )
+    tab.reset_tuning_button.click(
+        controller.reset_tuning,
+        outputs=[tab.status, header],
+        api_name="reset_tuning",
         concurrency_id=MODEL_GROUP,
         concurrency_limit=MODEL_CONCURRENCY,
     )

@@ -437,9 +437,14 @@ def pair_info_markdown(info: PairInfo | None) -> str:
             " · **plain completion**: a base model without a chat template continues your text"
         ),
     }.get(info.prompt_format, f" · prompt format **{info.prompt_format}** (no chat template)")
+    tuning = {
+        "resumed": " · auto tree resumes from what earlier runs of this pair learned",
+        "new": " · auto tree learning this pair from scratch",
+    }.get(info.tree_tuning, "")
     return (
         f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "
         f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}{prompts}"
+        f"{tuning}"
     )
 
 

@@ -154,6 +154,24 @@ class Backend:
         with self._queue.turn(_new_id()):
             self._free()
 
+    def reset_tuning(self) -> None:
+        """Forget what the tree auto-tuner learned of the loaded pair, here and on disk: the next
+        reply starts from the prior, as on a first launch (for a tuner stuck on a shape after an
+        unusual run). Waits for the running job; raises EagleChatError without a local pair with
+        a head, and OSError when the saved state cannot be deleted."""
+        pair = self._require_pair()
+        if pair.engine.drafter is None or pair.tuning_key is None:
+            raise EagleChatError(
+                "the loaded pair has no draft head, so there is no tree tuning to reset",
+                hint="load a head with the target",
+                code="no_head",
+            )
+        with self._queue.turn(_new_id()):
+            pair.engine.policies.clear()  # the same dict is what is saved at exit
+            tuning_cache.forget(pair.tuning_key)
+            pair.info = dataclasses.replace(pair.info, tree_tuning="new")
+        logger.info("tree tuning of %s reset", pair.info.target)
+
     def status(self) -> BackendStatus:
         info = self.pair.info if self.pair is not None else None
         if self.remote is not None:

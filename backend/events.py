@@ -173,6 +173,9 @@ class PairInfo:
     # "plain completion" (a base model: the text is continued as it is).
     prompt_format: str = "chat template"
     remote: str = ""  # URL of the remote engine serving the pair; "" when loaded here
+    # The tree auto-tuner's starting point: "resumed" (from what earlier runs of this pair
+    # learned), "new" (learning from this session's replies), "" (no head: nothing to tune).
+    tree_tuning: str = ""
 
 
 @dataclass(frozen=True, slots=True)

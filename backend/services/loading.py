@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -219,6 +219,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         if restored:
             logger.info("the tree tuner resumes from what earlier runs of this pair learned")
         tuning_cache.save_at_exit(engine.policies, key)
+        info = replace(info, tree_tuning="resumed" if restored else "new")
     return LoadedPair(
         model=model,
         tokenizer=tokenizer,

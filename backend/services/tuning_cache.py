@@ -69,6 +69,12 @@ def save(policies: dict[bool, TreePolicy], key: dict) -> None:
         logger.warning("could not save the tuning state to %s: %s", path, err)
 
 
+def forget(key: dict) -> None:
+    """Delete what was saved under ``key`` (the user reset the tuner): the next load of the
+    pair starts from the prior. Raises OSError when the entry exists but cannot be removed."""
+    _entry(key).unlink(missing_ok=True)
+
+
 def save_at_exit(policies: dict[bool, TreePolicy], key: dict) -> None:
     """Save ``policies`` (an engine's, which it fills as it decodes) when the process ends,
     whether or not their engine still exists then (a command-line run drops it before). Only

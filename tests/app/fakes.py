@@ -9,10 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
+from backend.errors import EagleChatError
 from backend.events import (
     BackendStatus,
     Downloaded,
@@ -190,6 +191,12 @@ class FakeBackend:
 
     def unload(self) -> None:
         self.loaded = None
+
+    def reset_tuning(self) -> None:
+        self.calls.append(("reset_tuning", None))
+        if self.loaded is None:
+            raise EagleChatError("no model is loaded", hint="load a target", code="no_model")
+        self.loaded = replace(self.loaded, tree_tuning="new")
 
     def status(self) -> BackendStatus:
         return BackendStatus(loaded=self.loaded, busy=False, queued=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import threading
 import warnings
+from dataclasses import replace
 
 import gradio as gr
 import pytest
@@ -18,7 +19,7 @@ from app.session import Session
 from backend.config import TreeConfig
 from backend.errors import ConfigError
 from backend.events import GenerationFailed
-from tests.app.fakes import FakeBackend
+from tests.app.fakes import FakeBackend, make_info
 
 # system prompt, mode, temperature, top_p, max_new_tokens, tree auto, total, depth, top_k
 SETTINGS = ("", "eagle", 0.0, 1.0, 64, True, 16, 5, 4)
@@ -208,6 +209,17 @@ def test_model_manager_select_plan_download_load() -> None:
     assert bar == "" and "No model loaded" in header and backend.loaded is None
 
 
+def test_reset_tuning_says_what_happened() -> None:
+    backend = FakeBackend(loaded=replace(make_info(), tree_tuning="resumed"))
+    controller = ModelsController(backend)
+    assert "resumes from what earlier runs" in controller.header()
+    status, header = controller.reset_tuning()
+    assert status.startswith("✓ The tree tuner forgot") and "from scratch" in header
+    backend.loaded = None
+    status, header = controller.reset_tuning()
+    assert "no model is loaded" in status and "No model loaded" in header
+
+
 def test_tree_config_auto_and_manual() -> None:
     assert tree_config(True, 500, 1, 1) == TreeConfig(auto=True)
     assert tree_config(False, 12.0, 5.0, 4.0) == TreeConfig(12, 5, 4)
@@ -286,10 +298,11 @@ def test_build_app_names_endpoints_and_shares_the_model_group() -> None:
         "download",
         "load",
         "unload",
+        "reset_tuning",
         "status",
     ):
         assert name in fns, name
-    model_users = ("chat", "regenerate", "baseline", "race", "load", "unload")
+    model_users = ("chat", "regenerate", "baseline", "race", "load", "unload", "reset_tuning")
     assert {fns[name].concurrency_id for name in model_users} == {"model"}
     assert fns["stop"].concurrency_limit is None and fns["race_stop"].concurrency_limit is None
 

@@ -10,10 +10,12 @@ import logging
 
 import pytest
 
+from backend.api import Backend
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
 from backend.engine.autotune import LADDER, TreePolicy
 from backend.engine.calibration import MEASURED_SIZES, CostModel
 from backend.engine.progress import drain
+from backend.errors import EagleChatError
 from backend.services import tuning_cache
 from backend.services.cache_home import cache_home
 from backend.services.loading import load_steps, prepare
@@ -116,3 +118,42 @@ def test_what_a_run_learned_is_saved_at_exit_even_once_its_engine_is_gone(pair_o
     tuning_cache._save_all()  # what the exit hook runs
     second = load(pair_on_disk)
     assert second.engine.policies[False].seen == seen
+
+
+def test_the_loaded_pair_says_where_its_tuner_started(pair_on_disk) -> None:
+    first = load(pair_on_disk)
+    assert first.info.tree_tuning == "new"
+    reply(first)
+    tuning_cache.save(first.engine.policies, first.tuning_key)
+    assert load(pair_on_disk).info.tree_tuning == "resumed"
+
+
+def test_a_reset_forgets_the_learned_state_here_and_on_disk(pair_on_disk) -> None:
+    backend = Backend()
+    config = LoadConfig(
+        target=str(pair_on_disk / "target"), head=str(pair_on_disk / "head"), dtype="float32"
+    )
+    pair = backend.load_blocking(config)
+    reply(pair)
+    tuning_cache.save(pair.engine.policies, pair.tuning_key)
+    pair = backend.load_blocking(config)
+    assert backend.status().loaded.tree_tuning == "resumed"
+    policies = pair.engine.policies
+    assert policies[False].seen[0] > 0
+    backend.reset_tuning()
+    assert pair.engine.policies is policies and policies == {}  # what the exit hook saves
+    assert not list((cache_home() / "tuning").glob("*.json"))
+    assert backend.status().loaded.tree_tuning == "new"
+    reply(pair)  # the next reply learns from the prior again
+    assert pair.engine.policies[False].seen[0] > 0
+    backend.unload()  # saves what it learned since the reset
+    assert backend.load_blocking(config).info.tree_tuning == "resumed"
+
+
+def test_a_reset_needs_a_loaded_head(pair_on_disk) -> None:
+    backend = Backend()
+    with pytest.raises(EagleChatError, match="no model is loaded"):
+        backend.reset_tuning()
+    backend.load_blocking(LoadConfig(target=str(pair_on_disk / "target"), dtype="float32"))
+    with pytest.raises(EagleChatError, match="no draft head"):
+        backend.reset_tuning()
