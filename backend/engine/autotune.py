@@ -80,6 +80,7 @@ TIME_EMA = 0.15  # weight of the newest round in the machine's time ratio (a sha
 STALL = 1.5  # a round's time teaches at most this factor off the expected (observe_time)
 SHAPE_TIME_EMA = TIME_EMA / 4  # a shape's time relative to the machine's is learned slower than the
 # machine's own ratio, so that a drift while one shape runs moves the machine's, not the shape's
+SHAPE_TIME_PRIOR = 3.0  # a shape's own factor starts from its family's as this many rounds
 
 
 _UNKNOWN = object()
@@ -87,6 +88,14 @@ _UNKNOWN = object()
 
 def _fade(old: float | None, new: float, rate: float = TIME_EMA) -> float:
     return new if old is None else old + rate * (new - old)
+
+
+def _learn(old: float | None, prior: float, new: float, rounds: int) -> float:
+    """A time factor after one more round: the mean of ``prior`` (as SHAPE_TIME_PRIOR rounds)
+    and the rounds so far, a fading average once that many rounds weigh less than its rate.
+    Taking the first round whole let one noisy round set a shape's price for dozens more."""
+    start = prior if old is None else old
+    return start + max(SHAPE_TIME_EMA, 1.0 / (rounds + 1.0 + SHAPE_TIME_PRIOR)) * (new - start)
 
 
 @dataclass
@@ -102,6 +111,9 @@ class TimeScales:
     families: dict[str, float] = field(default_factory=dict)
     drafting: float | None = None  # the factor over all drafting rounds, whatever their family
     overall: float | None = None
+    # rounds each factor rests on: a shape's starts from its family's, a family's from the
+    # drafting rounds', theirs from 1 (calibration right), each weighing SHAPE_TIME_PRIOR rounds
+    rounds: dict[str, int] = field(default_factory=dict)  # by _name(shape), family, "drafting"
 
     def of(self, tree: TreeConfig | None) -> float:
         """The machine's ratio times the shape's own factor once it ran, else its family's, else
@@ -120,10 +132,17 @@ class TimeScales:
         if tree is None:
             return
         relative = ratio / self.overall
-        family = _family(tree)
-        self.shapes[tree] = _fade(self.shapes.get(tree), relative, SHAPE_TIME_EMA)
-        self.families[family] = _fade(self.families.get(family), relative, SHAPE_TIME_EMA)
-        self.drafting = _fade(self.drafting, relative, SHAPE_TIME_EMA)
+        family, name = _family(tree), _name(tree)
+        drafting, family_factor = self.drafting or 1.0, self.families.get(family)
+        shape_prior = family_factor or drafting
+        self.shapes[tree] = self._learned(name, self.shapes.get(tree), shape_prior, relative)
+        self.families[family] = self._learned(family, family_factor, drafting, relative)
+        self.drafting = self._learned("drafting", self.drafting, 1.0, relative)
+
+    def _learned(self, key: str, old: float | None, prior: float, new: float) -> float:
+        rounds = self.rounds.get(key, 0)
+        self.rounds[key] = rounds + 1
+        return _learn(old, prior, new, rounds)
 
 
 @dataclass
@@ -204,6 +223,7 @@ class TreePolicy:
                 "families": self.time_scale.families,
                 "drafting": self.time_scale.drafting,
                 "overall": self.time_scale.overall,
+                "rounds": self.time_scale.rounds,
             },
         }
 
@@ -234,6 +254,7 @@ class TreePolicy:
             families={str(k): float(f) for k, f in times["families"].items()},
             drafting=None if times["drafting"] is None else float(times["drafting"]),
             overall=None if times["overall"] is None else float(times["overall"]),
+            rounds={str(k): int(n) for k, n in times["rounds"].items()},
         )
         measured, width_fit = sums(data["measured"]), sums(data["width_fit"])
         reference, levels = float(data["reference_tokens"]), int(data["observed_levels"])

@@ -20,7 +20,7 @@ from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-TUNING_FORMAT = 1  # bump when what TreePolicy.learned() holds changes
+TUNING_FORMAT = 2  # bump when what TreePolicy.learned() holds changes
 _NAMES = {False: "greedy", True: "sampled"}  # one policy per greedy and sampled decoding
 _at_exit: dict[Path, tuple[dict[bool, TreePolicy], dict]] = {}  # what to save at exit, by entry
 

@@ -324,6 +324,24 @@ def test_a_slower_machine_is_still_learned_past_the_stall_bound() -> None:
     assert policy.round_s(chain) == pytest.approx(3.0 * CPU_LIKE.round_s(chain), rel=0.05)
 
 
+def test_one_noisy_round_of_a_shape_does_not_set_its_price() -> None:
+    """Chains ran as calibrated for a while; then a chain of 5 runs once, 40% slow (noise, not
+    a stall): its price moves a quarter of the way, not all of it, so that it is not shunned
+    until dozens of rounds undo that one. Its rounds, if they really are that slow, still
+    teach it all the way."""
+    policy = TreePolicy(CPU_LIKE)
+    chain, other = TreeConfig(7, 6, 1), TreeConfig(6, 5, 1)
+    for _ in range(40):
+        policy.observe_time(chain, CPU_LIKE.round_s(chain))
+    policy.observe_time(other, 1.4 * CPU_LIKE.round_s(other))
+    ratio = policy.round_s(other) / CPU_LIKE.round_s(other)
+    assert 1.05 < ratio < 1.15
+    for _ in range(200):
+        policy.observe_time(other, 1.4 * CPU_LIKE.round_s(other))
+        policy.observe_time(chain, CPU_LIKE.round_s(chain))
+    assert policy.round_s(other) == pytest.approx(1.4 * CPU_LIKE.round_s(other), rel=0.02)
+
+
 def test_settled_estimates_are_priced_every_few_rounds_not_every_round(monkeypatch) -> None:
     """Pricing every shape costs a visible share of a small model's round: once the first
     rounds have taught, the choice is priced again every REPRICE_EVERY rounds; before that,
