@@ -12,6 +12,7 @@ the repeats kept, so a burst of load elsewhere lifts no single size; a warm-up c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -142,13 +143,42 @@ def calibrate(
                 done += 1
                 yield done
     has_steps = drafter is not None
-    return CostModel(
+    costs = CostModel(
         verify_s=_non_decreasing(verify_s),
         chain_verify_s=_non_decreasing(chain_verify_s),
         draft_step_s=steps[2] if has_steps else 0.0,
         chain_step_s=steps[1] if has_steps else 0.0,
-        rounds_s=rounds if has_steps else {},
     )
+    if not has_steps:
+        return costs
+    return dataclasses.replace(costs, rounds_s=smoothed_rounds(rounds, shapes, costs))
+
+
+def smoothed_rounds(
+    rounds: dict[str, float], shapes: Sequence[TreeConfig], costs: CostModel
+) -> dict[str, float]:
+    """Each whole round's timing averaged with its family's line (chains apart from trees):
+    the round minus the verification of its tokens, fitted against depth by least squares.
+    Timed alone, a shape's round was off by several percent between calibrations of one
+    machine (a tree timed cheaper than a chain it contains), more than the gaps the tuner
+    decides on; the line rests on every shape of the family. Half of each stays the shape's
+    own timing, which keeps what a line misses (a kernel that changes at some size)."""
+    smooth = dict(rounds)
+    for chain in (True, False):
+        family = [t for t in shapes if (t.top_k == 1) == chain and t.label() in rounds]
+        depths = [float(t.depth) for t in family]
+        if len(set(depths)) < 2:
+            continue
+        extra = [rounds[t.label()] - costs.verify(t.total_tokens, chain) for t in family]
+        mean_depth, mean_extra = sum(depths) / len(depths), sum(extra) / len(extra)
+        spread = sum((d - mean_depth) ** 2 for d in depths)
+        slope = sum((d - mean_depth) * (e - mean_extra) for d, e in zip(depths, extra)) / spread
+        for tree, depth in zip(family, depths):
+            line = (
+                costs.verify(tree.total_tokens, chain) + mean_extra + slope * (depth - mean_depth)
+            )
+            smooth[tree.label()] = (rounds[tree.label()] + line) / 2
+    return smooth
 
 
 def measure_costs(

@@ -3,6 +3,7 @@ the caches it borrows (no timing thresholds)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.config import TreeConfig
@@ -14,6 +15,7 @@ from backend.engine.calibration import (
     calibrate,
     calibration_steps,
     measure_costs,
+    smoothed_rounds,
 )
 from tests.engine.helpers import make_runner
 from tests.factories import tiny_head, tiny_target
@@ -49,6 +51,26 @@ def test_a_timed_round_overrides_the_sum_of_its_parts() -> None:
     costs = CostModel({1: 1.0, 8: 2.0, 16: 3.0}, draft_step_s=0.5, rounds_s={"16/5/4": 9.0})
     assert costs.round_s(timed) == 9.0 and costs.round_s(untimed) == 2.0 + 4 * 0.5
     assert CostModel.from_json(costs.to_json()) == costs
+
+
+def test_a_round_timed_off_its_familys_line_is_pulled_halfway_to_it() -> None:
+    """Chains whose rounds cost verification plus 1.0 per depth, one of them timed 2.0 too
+    cheap (timer noise): it moves halfway to the family's line, the others barely; trees are
+    fitted apart, and a family that lies on its line keeps its timings."""
+    verify = {n: 10.0 for n in MEASURED_SIZES}
+    costs = CostModel(verify, draft_step_s=0.5, chain_verify_s=dict(verify))
+    chains = [TreeConfig(d + 1, d, 1) for d in range(1, 7)]
+    trees = [TreeConfig(8, 4, 2), TreeConfig(12, 5, 3), TreeConfig(16, 6, 3)]
+    rounds = {t.label(): 10.0 + 1.0 * t.depth for t in chains}
+    rounds |= {t.label(): 10.0 + 3.0 * t.depth for t in trees}
+    assert smoothed_rounds(rounds, chains + trees, costs) == pytest.approx(rounds)
+    noisy = dict(rounds, **{"chain 4": rounds["chain 4"] - 2.0})
+    smooth = smoothed_rounds(noisy, chains + trees, costs)
+    # the fitted line sags by the noise's share of six chains, and tilts towards depth 4
+    line_there = 14.0 - 2.0 / 6 - 0.5 * (0.5 * 2.0 / 17.5)
+    assert smooth["chain 4"] == pytest.approx((12.0 + line_there) / 2)
+    assert all(abs(smooth[t.label()] - rounds[t.label()]) < 0.5 for t in chains if t.depth != 4)
+    assert all(smooth[t.label()] == pytest.approx(rounds[t.label()]) for t in trees)
 
 
 def test_round_cost_uses_the_chain_table_for_chains() -> None:
