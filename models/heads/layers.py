@@ -111,8 +111,9 @@ class Attention(nn.Module):
             k, v = cache.update(k, v, 0)
         # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
         # without a [Q, Q] mask; with a prefix, the causal mask is offset by it.
-        from_empty = attn_bias is None and q_len > 1 and k.shape[2] == q_len
-        if attn_bias is None and q_len > 1 and not from_empty:
+        causal = attn_bias is None and q_len > 1
+        from_empty = causal and k.shape[2] == q_len
+        if causal and not from_empty:
             attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
         mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
         # grouped KV heads are shared inside the kernel instead of copied per query head
