@@ -34,6 +34,8 @@ LADDER: tuple[TreeConfig, ...] = tuple(
         (5, 4, 1),
         (6, 5, 1),
         (7, 6, 1),
+        (8, 7, 1),
+        (9, 8, 1),
         (6, 3, 2),
         (8, 4, 2),
         (10, 5, 2),
@@ -73,6 +75,7 @@ CLOSE_PROBE_GAP = 3  # plain steps between probes when drafting would pay at acc
 REPRICE_EVERY = 4  # rounds between pricings of every shape, once SETTLE_AFTER rounds were seen
 SETTLE_AFTER = 16
 SCOUT_EVERY = 16  # rounds between verifications of a shape one size up (see TreePolicy.choose)
+MAX_SCOUT_GAP = 64  # that gap doubles up to this while the choice stands from scout to scout
 MODEL_WEIGHT = 3.0  # the per-depth model counts as this many rounds of a shape's own replays
 REPLAY_WINDOW = 20.0  # rounds a shape's replayed mean rests on at most (older ones fade)
 WIDTH_PRIOR = 3.0  # a branching shape's width correction starts at 1 with this many rounds
@@ -158,9 +161,11 @@ class TreePolicy:
       would have accepted on the same text.
     A branching shape's model estimate is scaled by what its replays accepted against what the
     model promised for them (``width_fit``), which outlasts the replays themselves.
-    Every SCOUT_EVERY rounds the policy verifies the cheapest shape covering its choice, wider
-    and deeper by turns, so that bigger shapes get measured too; a scout still accepts at least
-    what the choice would have, so looking costs only its extra verification time."""
+    Every SCOUT_EVERY rounds (up to MAX_SCOUT_GAP while the choice stands) the policy verifies
+    the cheapest shape covering its choice, wider and deeper by turns, so that bigger shapes get
+    measured too; a scout still accepts at least what the choice would have, so looking costs
+    only its extra verification time. Chains run to depth 8 so that looking deeper than a
+    chain costs one head step and one verified token, not a wide tree."""
 
     costs: CostModel
     ladder: tuple[TreeConfig, ...] = LADDER  # SAMPLED_LADDER for temperature > 0
@@ -187,7 +192,9 @@ class TreePolicy:
     plain_steps: int = 0
     probe_gap: int = FIRST_PROBE_AFTER
     rounds_since_scout: int = 0
+    scout_gap: int = SCOUT_EVERY
     scouts: int = 0
+    _scouted_from: TreeConfig | None = field(default=None, repr=False)  # the choice last scouted
     probes: int = 0  # close-call probes so far
     observed_levels: int = 0  # depths whose outcome some round has shown (the rest are guessed)
     _best: object = field(default=None, repr=False)  # cached choice; _UNKNOWN after observe
@@ -282,17 +289,33 @@ class TreePolicy:
         if best is not None:
             self.plain_steps = 0
             self.probe_gap = FIRST_PROBE_AFTER
-            self.rounds_since_scout += 1
-            if self.rounds_since_scout >= SCOUT_EVERY:
-                self.rounds_since_scout = 0
-                return self.scout(best)
-            return best
+            return self.scout(best) if self._scout_due(best) else best
         self.plain_steps += 1
         self._return_to_long_run()
         if self.plain_steps >= self.probe_gap:  # look again: the text may have become easy
             self.plain_steps = 0
             return self.probe()
         return None
+
+    def _scout_due(self, best: TreeConfig) -> bool:
+        """Whether this round scouts. Scouts come less often while the choice stays near the
+        last scouted one (the same shape, or a chain one level off: chains of 5 and 6 flip with
+        the estimates and look at the same shapes), since a scout round pays its extra
+        verification and teaches little once the estimates agree; another choice brings the
+        short gap back at once."""
+        last = self._scouted_from
+        near = last is not None and (
+            best == last or (best.top_k == last.top_k == 1 and abs(best.depth - last.depth) <= 1)
+        )
+        if not near:
+            self.scout_gap = SCOUT_EVERY
+        self.rounds_since_scout += 1
+        if self.rounds_since_scout < self.scout_gap:
+            return False
+        if near:
+            self.scout_gap = min(2 * self.scout_gap, MAX_SCOUT_GAP)
+        self.rounds_since_scout, self._scouted_from = 0, best
+        return True
 
     def probe(self) -> TreeConfig:
         """The shape that would run if drafts paid: its round teaches the depths and ranks that

@@ -11,6 +11,7 @@ from backend.engine.autotune import (
     CLOSE_PROBE_GAP,
     FIRST_PROBE_AFTER,
     LADDER,
+    MAX_SCOUT_GAP,
     MIN_EVIDENCE,
     REPRICE_EVERY,
     SCOUT_EVERY,
@@ -241,12 +242,57 @@ def test_rank_outcomes_price_width() -> None:
     assert gain_often > gain_rarely
 
 
-def test_scouting_verifies_a_covering_shape_now_and_then() -> None:
-    policy = trained(TreePolicy(CPU_LIKE), 0.7)
+def scout_rounds(policy: TreePolicy, best: TreeConfig, rounds: int) -> list[tuple[int, TreeConfig]]:
+    """(round index, shape) of the rounds in the next ``rounds`` that did not verify ``best``."""
+    picks = [policy.choose() for _ in range(rounds)]
+    return [(index, pick) for index, pick in enumerate(picks) if pick != best]
+
+
+def test_scouting_verifies_a_covering_shape_less_often_while_the_choice_stands() -> None:
+    policy, rng, scouted = TreePolicy(CPU_LIKE), random.Random(0), []
+    for index in range(8 * MAX_SCOUT_GAP):
+        scouts_before, tree = policy.scouts, policy.choose() or LADDER[0]
+        if policy.scouts > scouts_before:
+            scouted.append((index, tree))
+        accepted = 0
+        while accepted < tree.depth and rng.random() < 0.7:
+            accepted += 1
+        policy.observe(
+            tree, accepted, {s: min(accepted, s.depth) for s in policy.covered_shapes(tree)}
+        )
+    late = [(index, tree) for index, tree in scouted if index > 4 * MAX_SCOUT_GAP]
     best = policy.best_tree()
-    picks = [policy.choose() for _ in range(2 * SCOUT_EVERY)]
-    scouts = [p for p in picks if p != best]
-    assert len(scouts) == 2 and all(covers(s, best) for s in scouts)
+    assert late and all(covers(tree, best) and tree != best for _, tree in late)
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(scouted, scouted[1:])]
+    assert gaps[0] == SCOUT_EVERY and gaps[-1] == MAX_SCOUT_GAP
+    assert len(scouted) < 8 * MAX_SCOUT_GAP / SCOUT_EVERY / 2  # fewer than half as many
+
+
+def test_another_choice_brings_the_short_scout_gap_back() -> None:
+    policy = trained(TreePolicy(CPU_LIKE), 1.0, rounds=300)  # drafts always hold
+    before = policy.best_tree()
+    assert before is not None and before.top_k == 1 and policy.scout_gap == MAX_SCOUT_GAP
+    scouts = 0
+    for _ in range(MAX_SCOUT_GAP):  # the text turns hard: only the first draft holds
+        scouts_before, tree = policy.scouts, policy.choose() or LADDER[0]
+        if policy.scouts > scouts_before:
+            scouts += 1
+            assert covers(tree, policy.best_tree())
+        policy.observe(tree, 1)
+    after = policy.best_tree()
+    assert after is not None and after.depth < before.depth - 1
+    assert scouts >= 2  # at the old gap: one at most
+
+
+def test_chains_look_deeper_than_a_chain_at_one_more_step() -> None:
+    """Looking past a chain's depth through a wide tree verifies many tokens for one level's
+    lesson; a chain one deeper covers the chain for one head step and one token more."""
+    policy = trained(TreePolicy(CPU_LIKE), 0.95, rounds=200)
+    best = policy.best_tree()
+    assert best is not None and best.top_k == 1
+    deeper = [shape for _, shape in scout_rounds(policy, best, 4 * MAX_SCOUT_GAP)]
+    deeper = [shape for shape in deeper if shape.depth > best.depth]
+    assert deeper and all(s == TreeConfig(best.depth + 2, best.depth + 1, 1) for s in deeper)
 
 
 def test_every_third_scout_from_a_tree_times_the_best_chain() -> None:
@@ -255,8 +301,7 @@ def test_every_third_scout_from_a_tree_times_the_best_chain() -> None:
     ranked_world(policy, rank_odds=0.2, rounds=160)  # second and third guesses hold: trees win
     best = policy.best_tree()
     assert best is not None and best.top_k > 1
-    picks = [policy.choose() for _ in range(3 * SCOUT_EVERY)]
-    scouts = [p for p in picks if p != best]
+    scouts = [shape for _, shape in scout_rounds(policy, best, 4 * MAX_SCOUT_GAP)][:3]
     chains = [t for t in policy.ladder if t.top_k == 1]
     assert len(scouts) == 3 and scouts.count(max(chains, key=policy.speed)) == 1
     assert sum(covers(s, best) for s in scouts) == 2  # the other two: wider, deeper
@@ -457,9 +502,11 @@ def test_estimates_return_to_the_long_run_while_drafting_is_off() -> None:
     estimates drift back toward the long-run ones instead of staying where the bad stretch
     left them until rare probes mend them."""
     policy = trained(TreePolicy(CPU_LIKE), 0.6, rounds=200)
-    for _ in range(10):  # nothing is accepted: the first level's guess fails every round
+    for _ in range(40):  # nothing is accepted: the first level's guess fails every round
         tree = policy.choose() or LADDER[0]
         policy.observe(tree, 0, {shape: 0 for shape in policy.covered_shapes(tree)}, [(None, 1)])
+        if policy.best_tree() is None:
+            break
     low, long_run = policy.rates[0], policy.long_rates[0]
     assert low < long_run - 0.2 and policy.best_tree() is None
     for _ in range(30):  # plain steps only: what moves the estimates is the return alone
