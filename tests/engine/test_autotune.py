@@ -28,12 +28,20 @@ GPU_LIKE = CostModel({n: 0.010 + 0.00002 * n for n in MEASURED_SIZES}, draft_ste
 CPU_LIKE = CostModel({n: 0.005 * (1 + 0.25 * (n - 1)) for n in MEASURED_SIZES}, draft_step_s=0.0005)
 
 
-def trained(policy: TreePolicy, accept_rate: float, rounds: int = 40) -> TreePolicy:
+def trained(
+    policy: TreePolicy,
+    accept_rate: float,
+    rounds: int = 40,
+    scouted: list[tuple[int, TreeConfig]] | None = None,
+) -> TreePolicy:
     """Feed rounds in which each depth is accepted with probability ``accept_rate`` whatever
-    the width (so every shape the verified one covers accepts the same drafts, up to its depth)."""
+    the width (so every shape the verified one covers accepts the same drafts, up to its depth).
+    ``scouted`` collects (round index, shape) of the rounds that scouted."""
     rng = random.Random(0)
-    for _ in range(rounds):
-        tree = policy.choose() or LADDER[0]
+    for index in range(rounds):
+        scouts_before, tree = policy.scouts, policy.choose() or LADDER[0]
+        if scouted is not None and policy.scouts > scouts_before:
+            scouted.append((index, tree))
         accepted = 0
         while accepted < tree.depth and rng.random() < accept_rate:
             accepted += 1
@@ -249,17 +257,8 @@ def scout_rounds(policy: TreePolicy, best: TreeConfig, rounds: int) -> list[tupl
 
 
 def test_scouting_verifies_a_covering_shape_less_often_while_the_choice_stands() -> None:
-    policy, rng, scouted = TreePolicy(CPU_LIKE), random.Random(0), []
-    for index in range(8 * MAX_SCOUT_GAP):
-        scouts_before, tree = policy.scouts, policy.choose() or LADDER[0]
-        if policy.scouts > scouts_before:
-            scouted.append((index, tree))
-        accepted = 0
-        while accepted < tree.depth and rng.random() < 0.7:
-            accepted += 1
-        policy.observe(
-            tree, accepted, {s: min(accepted, s.depth) for s in policy.covered_shapes(tree)}
-        )
+    scouted: list[tuple[int, TreeConfig]] = []
+    policy = trained(TreePolicy(CPU_LIKE), 0.7, rounds=8 * MAX_SCOUT_GAP, scouted=scouted)
     late = [(index, tree) for index, tree in scouted if index > 4 * MAX_SCOUT_GAP]
     best = policy.best_tree()
     assert late and all(covers(tree, best) and tree != best for _, tree in late)
