@@ -53,6 +53,7 @@ class EagleDrafter:
 
     def __init__(self, head: DraftHead, num_target_layers: int) -> None:
         self.head = head
+        head.fuse_projections()
         self.feature_indices = head.feature_layers(num_target_layers)
         self.dtype, self.device = head.dtype_device()
         columns = torch.arange(head.config.draft_vocab_size, device=self.device)

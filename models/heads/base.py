@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from models.heads.config import HeadConfig, HeadKind
+from models.heads.layers import StackedLinears
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -40,10 +41,17 @@ class DraftHead(nn.Module):
     def bind_target(self, embedding: nn.Module, lm_head: nn.Module) -> None:
         """Borrow what the head uses from its target (kept out of state_dict)."""
         self._borrowed = {"embedding": embedding, "lm_head": lm_head}
+        # where the borrowed modules run and (lm_head) in what dtype: fixed once the target is
+        # placed, and looked up on every draft step
+        self._embedding_device = execution_device(embedding)
+        weight = next(lm_head.parameters(), None) if lm_head is not None else None
+        self._lm_head_input = (  # an offloaded weight keeps its dtype on meta
+            (execution_device(lm_head), weight.dtype) if weight is not None else (None, None)
+        )
 
     @property
     def embedding(self) -> nn.Module:
-        own = getattr(self, "embed_tokens", None)
+        own = self._modules.get("embed_tokens")
         if own is not None:
             return own
         if "embedding" not in self._borrowed:
@@ -51,8 +59,22 @@ class DraftHead(nn.Module):
         return self._borrowed["embedding"]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        embedding = self.embedding  # may live on another device than the head (device_map)
-        return embedding(token_ids.to(execution_device(embedding))).to(self.fc.weight.device)
+        embedding = self.embedding
+        if embedding is self._modules.get("embed_tokens"):
+            return embedding(token_ids)
+        # the target's may live on another device than the head (device_map)
+        return embedding(token_ids.to(self._embedding_device)).to(self.fc.weight.device)
+
+    def fuse_projections(self) -> bool:
+        """Run each layer's q/k/v and gate/up as one product at inference (``StackedLinears``);
+        True if every stack fused. Idempotent; training and saving are unaffected."""
+        stacks = [
+            part
+            for module in self.modules()
+            for part in vars(module).values()
+            if isinstance(part, StackedLinears)
+        ]
+        return all([stack.fuse() for stack in stacks])
 
     def dtype_device(self) -> tuple[torch.dtype, torch.device]:
         """Where the head's own weights are; every head kind starts with its ``fc``."""

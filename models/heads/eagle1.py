@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.heads.base import DraftHead, execution_device
+from models.heads.base import DraftHead
 from models.heads.config import HeadConfig, HeadKind
 from models.heads.layers import Attention, GatedMLP, RMSNorm, Rotary
 
@@ -57,5 +57,4 @@ class Eagle1Head(DraftHead):
         lm_head = self._borrowed.get("lm_head")
         if lm_head is None:
             raise RuntimeError("EAGLE-1 head needs the target's lm_head: call bind_target first")
-        dtype = next(lm_head.parameters()).dtype  # an offloaded weight keeps its dtype on meta
-        return lm_head(hidden_out.to(execution_device(lm_head), dtype))
+        return lm_head(hidden_out.to(*self._lm_head_input))

@@ -2,7 +2,9 @@
 llama3 scaling), attention over a transformers cache with a float additive mask, gated MLP.
 
 Written for tree drafting: the attention takes explicit ``position_ids`` and a 4D additive
-mask, so one call can run several tree nodes that see different ancestors.
+mask, so one call can run several tree nodes that see different ancestors. A draft step runs
+one token at a time, where every op's fixed cost outweighs its arithmetic: q/k/v and gate/up
+run as one product each once fused (``StackedLinears``), and q and k are rotated together.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # in float32 whatever the dtype; one fused op (drafting runs several norms per step)
+        if x.dtype == self.weight.dtype == torch.float32:  # the same product, weight inside
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
@@ -80,6 +84,69 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
 
 
+class StackedLinears:
+    """Linears that read the same input, run as one product with their outputs side by side.
+
+    ``fuse`` re-seats their weights (and biases) as row blocks of one matrix: the parameters,
+    their names and the checkpoint format stay as they are, no second copy of the weights is
+    kept, and in-place updates (an optimizer step, ``load_state_dict``) reach the fused matrix
+    too. Anything that gives a parameter other storage (``.to()``, a new Parameter) undoes the
+    fusion: each linear then runs on its own, as it does while gradients are on.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+        self._pointers: tuple[int, ...] = ()
+
+    def fuse(self) -> bool:
+        """Fuse if the linears allow it (plain float linears on one real device, all with or all
+        without bias, no accelerate hooks); True when fused afterwards."""
+        if self.fused:
+            return True
+        weights = [linear.weight for linear in self.linears]
+        has_bias = {linear.bias is not None for linear in self.linears}
+        if (
+            any(type(lin) is not nn.Linear or hasattr(lin, "_hf_hook") for lin in self.linears)
+            or len({(w.device, w.dtype) for w in weights}) != 1
+            or weights[0].device.type == "meta"
+            or not weights[0].is_floating_point()
+            or len(has_bias) != 1
+        ):
+            return False
+        # a normal tensor even when called under inference mode: training may use these weights
+        with torch.inference_mode(False), torch.no_grad():
+            self._weight = _restack([linear.weight for linear in self.linears])
+            if self.linears[0].bias is not None:
+                self._bias = _restack([linear.bias for linear in self.linears])
+        self._pointers = tuple(linear.weight.data_ptr() for linear in self.linears)
+        return True
+
+    @property
+    def fused(self) -> bool:
+        if self._weight is None:
+            return False
+        for linear, pointer in zip(self.linears, self._pointers):  # checked every call: cheaply
+            if linear.weight.data_ptr() != pointer:
+                return False
+        return True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() and self.fused:
+            return F.linear(x, self._weight, self._bias)
+        return torch.cat([linear(x) for linear in self.linears], dim=-1)
+
+
+def _restack(parameters: list[nn.Parameter]) -> torch.Tensor:
+    """One tensor holding ``parameters`` one after another along dim 0; each parameter's data
+    becomes its block (a view), so the values live once."""
+    stacked = torch.cat([p.detach() for p in parameters])
+    for parameter, block in zip(parameters, stacked.split([p.shape[0] for p in parameters])):
+        parameter.data = block
+    return stacked
+
+
 class Attention(nn.Module):
     """Llama attention whose KV lives in a transformers cache (layer 0 of that cache)."""
 
@@ -93,6 +160,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qkv = StackedLinears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -102,11 +170,11 @@ class Attention(nn.Module):
         cache,  # transformers Cache or None
     ) -> torch.Tensor:
         batch, q_len, _ = x.shape
-        q = self.q_proj(x).view(batch, q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rotary
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        heads = self.num_heads + 2 * self.num_kv_heads  # q, then k, then v heads
+        qkv = self.qkv(x).view(batch, q_len, heads, self.head_dim).transpose(1, 2)
+        rotated = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], *rotary)
+        q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
         if cache is not None:
             k, v = cache.update(k, v, 0)
         # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
@@ -140,6 +208,8 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up = StackedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
