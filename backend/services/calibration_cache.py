@@ -23,7 +23,7 @@ from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 8  # bump when what calibrate() measures changes (or what it times got faster)
+COST_FORMAT = 9  # bump when what calibrate() measures changes (or what it times got faster)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
@@ -79,13 +79,20 @@ class Calibration:
 
     costs: CostModel
     forms: dict[str, Forms] = field(default_factory=dict)
+    head_precision: str = (
+        "target"  # the head's dtype: the target's, or "bfloat16" (head_precision.py)
+    )
 
     def to_json(self) -> dict:
         forms = {
             name: {"one": chosen[False], "many": chosen[True]}
             for name, chosen in self.forms.items()
         }
-        return {"costs": self.costs.to_json(), "forms": forms}
+        return {
+            "costs": self.costs.to_json(),
+            "forms": forms,
+            "head_precision": self.head_precision,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
@@ -93,7 +100,11 @@ class Calibration:
             str(name): {False: str(chosen["one"]), True: str(chosen["many"])}
             for name, chosen in data.get("forms", {}).items()
         }
-        return cls(costs=CostModel.from_json(data["costs"]), forms=forms)
+        return cls(
+            costs=CostModel.from_json(data["costs"]),
+            forms=forms,
+            head_precision=str(data.get("head_precision", "target")),
+        )
 
 
 def load(key: dict) -> Calibration | None:

@@ -35,6 +35,7 @@ from backend.engine.calibration import (
 from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
+from backend.engine.head_precision import choose_head_precision, precision_name
 from backend.engine.progress import drain, relay
 from backend.engine.readout import Forms, describe, speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
@@ -67,6 +68,7 @@ class LoadedPair:
     prompt_format: str = "auto"  # see backend/services/prompting.py
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
     readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
+    head_precision: str = "target"  # the head's dtype when not the target's (head_precision.py)
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
@@ -201,24 +203,25 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         config.readout,
     )
     cached = calibration_cache.load(key) if drafter is not None else None
+    if drafter is not None:  # before the projection forms: they are chosen per dtype
+        head, drafter = _drafting_precision(model, runner, head, drafter, cached)
+    head_precision = precision_name(head, dtype)
     forms = speed_up_projections(model, head, config.readout, cached.forms if cached else {})
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
-        costs, calibration_s = yield from calibrate_pair(runner, drafter, key, cached, forms)
+        costs, calibration_s = yield from calibrate_pair(
+            runner, drafter, key, cached, forms, head_precision
+        )
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     engine = Engine(runner, drafter, tokenizer, stops, costs)
-    restored = False
-    if drafter is not None:  # start from what the tuner learned of this pair last time
-        restored = tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
-        if restored:
-            logger.info("the tree tuner resumes from what earlier runs of this pair learned")
-        tuning_cache.save_at_exit(engine.policies, key)
+    restored = drafter is not None and _resume_tuning(engine, key, calibration_s)
+    if drafter is not None:
         info = replace(info, tree_tuning="resumed" if restored else "new")
     return LoadedPair(
         model=model,
@@ -231,9 +234,40 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         prompt_format=prompt_format,
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
+        head_precision=head_precision,
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )
+
+
+def _drafting_precision(
+    model: Any,
+    runner: TargetRunner,
+    head: DraftHead,
+    drafter: EagleDrafter,
+    cached: calibration_cache.Calibration | None,
+) -> tuple[DraftHead, EagleDrafter]:
+    """The head (and its drafter) in the precision it drafts in: as an earlier load of this
+    pair chose, else timed now (backend/engine/head_precision.py)."""
+    head, drafter = choose_head_precision(
+        runner,
+        head,
+        drafter,
+        cached.head_precision if cached else None,
+        lambda lowered: EagleDrafter(lowered, model.config.num_hidden_layers),
+    )
+    logger.info("the head drafts in %s", head.dtype_device()[0])
+    return head, drafter
+
+
+def _resume_tuning(engine: Engine, key: dict, calibration_s: float) -> bool:
+    """Start from what the tuner learned of this pair last time, and keep what it learns now
+    at exit; True when there was something to resume."""
+    restored = tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
+    if restored:
+        logger.info("the tree tuner resumes from what earlier runs of this pair learned")
+    tuning_cache.save_at_exit(engine.policies, key)
+    return restored
 
 
 def pair_info(
@@ -312,13 +346,14 @@ def calibrate_pair(
     key: dict,
     cached: calibration_cache.Calibration | None,
     forms: dict[str, Forms],
+    head_precision: str = "target",
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
     and saved with the projection forms they were measured with; measured again when a plain
     step now is far faster than the cached costs say (they were timed on a busy machine, and a
     policy priced by them picks the wrong trees). Returns the costs and the seconds spent
-    measuring (0 when cached)."""
+    measuring (0 when cached). ``head_precision`` is saved with them (head_precision.py)."""
     if drafter is None:
         return None, 0.0
     message = "timing tree verification for the auto-tuner (once per model and machine)"
@@ -337,7 +372,7 @@ def calibrate_pair(
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start
-    calibration_cache.save(key, calibration_cache.Calibration(costs, forms))
+    calibration_cache.save(key, calibration_cache.Calibration(costs, forms, head_precision))
     return costs, seconds
 
 

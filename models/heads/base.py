@@ -49,6 +49,10 @@ class DraftHead(nn.Module):
             (execution_device(lm_head), weight.dtype) if weight is not None else (None, None)
         )
 
+    def borrowed_modules(self) -> list[nn.Module]:
+        """The target's modules this head uses (not its own: never saved, copied or cast)."""
+        return [module for module in self._borrowed.values() if module is not None]
+
     @property
     def embedding(self) -> nn.Module:
         own = self._modules.get("embed_tokens")
@@ -63,7 +67,8 @@ class DraftHead(nn.Module):
         if embedding is self._modules.get("embed_tokens"):
             return embedding(token_ids)
         # the target's may live on another device than the head (device_map)
-        return embedding(token_ids.to(self._embedding_device)).to(self.fc.weight.device)
+        weight = self.fc.weight
+        return embedding(token_ids.to(self._embedding_device)).to(weight.device, weight.dtype)
 
     def fuse_projections(self) -> bool:
         """Run each layer's q/k/v and gate/up as one product at inference (``StackedLinears``);
