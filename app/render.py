@@ -429,7 +429,8 @@ def pair_info_markdown(info: PairInfo | None) -> str:
             f"**Remote engine:** `{info.target}` served by {info.architecture} at {info.remote} "
             "· speculation runs on the server; the panel reads its metrics"
         )
-    head = f"{info.head} ({info.head_kind})" if info.head else "no head (vanilla only)"
+    head_dtype = f", drafting in {info.head_dtype}" if info.head_dtype else ""
+    head = f"{info.head} ({info.head_kind}{head_dtype})" if info.head else "no head (vanilla only)"
     quant = "" if info.quantization == "none" else f", {info.quantization}"
     prompts = {
         "chat template": "",

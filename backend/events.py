@@ -176,6 +176,9 @@ class PairInfo:
     # The tree auto-tuner's starting point: "resumed" (from what earlier runs of this pair
     # learned), "new" (learning from this session's replies), "" (no head: nothing to tune).
     tree_tuning: str = ""
+    # The head's dtype when it is not the target's ("bfloat16": timed faster for drafting on this
+    # CPU; replies are unchanged, the target verifies every draft), else "".
+    head_dtype: str = ""
 
 
 @dataclass(frozen=True, slots=True)

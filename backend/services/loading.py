@@ -217,6 +217,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
+    info = replace(info, head_dtype="" if head_precision == "target" else head_precision)
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
     engine = Engine(runner, drafter, tokenizer, stops, costs)

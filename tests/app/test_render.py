@@ -219,6 +219,8 @@ def test_plan_and_pair_info() -> None:
     assert "plain completion" not in info
     base = replace(make_info("org/base", None), prompt_format="plain completion")
     assert "plain completion" in pair_info_markdown(base)
+    lowered = pair_info_markdown(replace(make_info("org/t", "org/h"), head_dtype="bfloat16"))
+    assert "org/h (eagle3, drafting in bfloat16)" in lowered and "float32" in lowered
 
 
 def test_lane_markdown_and_message_text() -> None:

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from backend.config import LoadConfig
 from backend.engine.progress import drain
@@ -120,3 +121,26 @@ def test_an_unwritable_cache_only_means_measuring_again(pair_on_disk, monkeypatc
     first, _ = load(pair_on_disk)
     second, _ = load(pair_on_disk)
     assert first.engine.costs is not None and second.calibration_s > 0
+
+
+def test_the_head_precision_chosen_at_load_is_kept_and_shown(pair_on_disk, monkeypatch) -> None:
+    """Timed once: the next load drafts in the same precision without timing again."""
+    from backend.engine import head_precision
+
+    timings = []
+
+    def bfloat16_faster(runner, drafter) -> float:
+        timings.append(drafter.dtype)
+        return 1.0 if drafter.dtype == torch.bfloat16 else 2.0
+
+    monkeypatch.setattr(head_precision, "can_lower", lambda head: True)
+    monkeypatch.setattr(head_precision, "drafting_s", bfloat16_faster)
+    first, _ = load(pair_on_disk)
+    assert len(timings) == 2
+    assert first.head.dtype_device()[0] == torch.bfloat16 and first.head_precision == "bfloat16"
+    assert first.info.head_dtype == "bfloat16" and first.info.dtype == "float32"
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    assert json.loads(entry.read_text())["head_precision"] == "bfloat16"
+    second, _ = load(pair_on_disk)
+    assert len(timings) == 2 and second.calibration_s == 0.0
+    assert second.engine.drafter.dtype == torch.bfloat16
