@@ -52,13 +52,20 @@ def lowered_copy(head: DraftHead) -> DraftHead:
 
 
 @torch.inference_mode()
-def drafting_s(runner: TargetRunner, drafter: EagleDrafter, repeats: int = REPEATS) -> float:
-    """Seconds to draft each of TIMED_SHAPES once after a short prompt, best of ``repeats``."""
+def prompt_features(runner: TargetRunner) -> tuple[torch.Tensor, torch.Tensor]:
+    """A short prompt and the target's features for it: what the timed drafts start from."""
     prompt = torch.arange(PROMPT_TOKENS, dtype=torch.long) % runner.vocab_size
-    step = runner.prefill(prompt, runner.new_cache(), with_features=True)
+    return prompt, runner.prefill(prompt, runner.new_cache(), with_features=True).features
+
+
+@torch.inference_mode()
+def drafting_s(
+    drafter: EagleDrafter, prompt: torch.Tensor, features: torch.Tensor, repeats: int = REPEATS
+) -> float:
+    """Seconds to draft each of TIMED_SHAPES once after ``prompt``, best of ``repeats``."""
     best = float("inf")
     for attempt in range(repeats + 1):  # the first is a warm-up
-        drafter.begin(prompt, 0, step.features)
+        drafter.begin(prompt, 0, features)
         start = time.perf_counter()
         for shape in TIMED_SHAPES:
             drafter.propose(0, shape)
@@ -82,8 +89,9 @@ def choose_head_precision(
     lowered = lowered_copy(head)
     lowered_drafter = make_drafter(lowered)
     if known is None:
-        faster = drafting_s(runner, drafter) > MIN_GAIN * drafting_s(runner, lowered_drafter)
-        if not faster:
+        prompt, features = prompt_features(runner)
+        full_s = drafting_s(drafter, prompt, features)
+        if full_s <= MIN_GAIN * drafting_s(lowered_drafter, prompt, features):
             return head, drafter
     return lowered, lowered_drafter
 

@@ -79,9 +79,8 @@ class Calibration:
 
     costs: CostModel
     forms: dict[str, Forms] = field(default_factory=dict)
-    head_precision: str = (
-        "target"  # the head's dtype: the target's, or "bfloat16" (head_precision.py)
-    )
+    # the head's dtype: the target's ("target"), or "bfloat16" (backend/engine/head_precision.py)
+    head_precision: str = "target"
 
     def to_json(self) -> dict:
         forms = {

@@ -68,7 +68,6 @@ class LoadedPair:
     prompt_format: str = "auto"  # see backend/services/prompting.py
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
     readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
-    head_precision: str = "target"  # the head's dtype when not the target's (head_precision.py)
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
@@ -235,7 +234,6 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         prompt_format=prompt_format,
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
-        head_precision=head_precision,
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )

@@ -63,23 +63,27 @@ class DraftHead(nn.Module):
         return self._borrowed["embedding"]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        embedding = self.embedding
-        if embedding is self._modules.get("embed_tokens"):
-            return embedding(token_ids)
+        own = self._modules.get("embed_tokens")
+        if own is not None:
+            return own(token_ids)
         # the target's may live on another device than the head (device_map)
         weight = self.fc.weight
-        return embedding(token_ids.to(self._embedding_device)).to(weight.device, weight.dtype)
+        borrowed = self.embedding(token_ids.to(self._embedding_device))
+        return borrowed.to(weight.device, weight.dtype)
 
-    def fuse_projections(self) -> bool:
-        """Run each layer's q/k/v and gate/up as one product at inference (``StackedLinears``);
-        True if every stack fused. Idempotent; training and saving are unaffected."""
-        stacks = [
+    def projection_stacks(self) -> list[StackedLinears]:
+        """Each layer's q/k/v and gate/up (``StackedLinears``)."""
+        return [
             part
             for module in self.modules()
             for part in vars(module).values()
             if isinstance(part, StackedLinears)
         ]
-        return all([stack.fuse() for stack in stacks])
+
+    def fuse_projections(self) -> bool:
+        """Run each layer's q/k/v and gate/up as one product at inference; True if every stack
+        fused. Idempotent; training and saving are unaffected."""
+        return all([stack.fuse() for stack in self.projection_stacks()])
 
     def dtype_device(self) -> tuple[torch.dtype, torch.device]:
         """Where the head's own weights are; every head kind starts with its ``fc``."""

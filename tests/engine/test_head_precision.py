@@ -62,7 +62,7 @@ def choose(monkeypatch, known: str | None, lower_wins: bool | None):
     """choose_head_precision on a tiny pair, with the timing replaced (None: must not run)."""
     monkeypatch.setattr(head_precision, "can_lower", lambda head: True)
 
-    def timed(runner, drafter) -> float:
+    def timed(drafter, prompt, features) -> float:
         assert lower_wins is not None, "timed although the choice was known"
         lowered = drafter.head.dtype_device()[0] == torch.bfloat16
         return 1.0 if lowered == lower_wins else 2.0

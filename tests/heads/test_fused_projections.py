@@ -11,22 +11,12 @@ import torch
 from backend.engine import kv
 from models.checkpoints import load_head, save_head
 from models.heads.config import HeadKind
-from models.heads.layers import StackedLinears
 from tests.factories import tiny_head, tiny_target
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_target("llama", num_layers=8)
-
-
-def stacks(head) -> list[StackedLinears]:
-    return [
-        part
-        for module in head.modules()
-        for part in vars(module).values()
-        if isinstance(part, StackedLinears)
-    ]
 
 
 def inputs(head, target, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +49,10 @@ def test_fused_heads_compute_what_the_separate_linears_do(target, kind) -> None:
     with torch.inference_mode():
         before = run(head, target)
     assert head.fuse_projections()
-    assert all(stack.fused for stack in stacks(head)) and len(stacks(head)) == 2
+    assert (
+        all(stack.fused for stack in head.projection_stacks())
+        and len(head.projection_stacks()) == 2
+    )
     with torch.inference_mode():
         after = run(head, target)
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
@@ -84,7 +77,7 @@ def test_in_place_updates_reach_the_fused_product(target) -> None:
     head, other = tiny_head("eagle3", target, seed=1), tiny_head("eagle3", target, seed=2)
     head.fuse_projections()
     head.load_state_dict(other.state_dict())  # copies into the parameters in place
-    assert all(stack.fused for stack in stacks(head))
+    assert all(stack.fused for stack in head.projection_stacks())
     with torch.inference_mode():
         torch.testing.assert_close(run(head, target), run(other, target), rtol=1e-5, atol=1e-5)
 
@@ -94,7 +87,7 @@ def test_a_moved_head_falls_back_to_separate_products(target) -> None:
     head.fuse_projections()
     reference = copy.deepcopy(tiny_head("eagle1", target)).double()
     head = head.double()  # new storage for every parameter: the fusion no longer holds
-    assert not any(stack.fused for stack in stacks(head))
+    assert not any(stack.fused for stack in head.projection_stacks())
     target64 = copy.deepcopy(target).double()
     for each in (head, reference):
         each.bind_target(target64.get_input_embeddings(), target64.get_output_embeddings())
@@ -115,7 +108,9 @@ def test_training_after_fusion_updates_the_same_weights(target) -> None:
     torch.testing.assert_close(q_fused, q_plain, rtol=1e-5, atol=1e-6)
     assert not torch.equal(q_plain, tiny_head("eagle3", target).midlayer.self_attn.q_proj.weight)
     head.eval()
-    assert all(stack.fused for stack in stacks(head))  # the step wrote into the fused matrix
+    assert all(
+        stack.fused for stack in head.projection_stacks()
+    )  # the step wrote into the fused matrix
     with torch.inference_mode():
         torch.testing.assert_close(
             run(head, target), run(twin.eval(), target), rtol=1e-4, atol=1e-5
