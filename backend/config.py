@@ -123,12 +123,20 @@ class LoadConfig:
     gguf_file: str | None = None  # a .gguf file inside the target folder or Hub repo
     prompt_format: PromptFormat = "auto"  # auto = the chat template if any, else plain text
     # CPU output projections (target readout, head lm_head): "auto" = the fastest form per row
-    # count as timed at load, or one form forced (see backend/engine/readout.py)
+    # count as timed at load, or one form forced (see backend/engine/projection_forms.py)
     readout: str = "auto"
+    # the target's decoder projections: "auto" = q/k/v and gate/up as one product each, every
+    # shape in the fastest CPU form timed at load (backend/engine/decoder_projections.py);
+    # "stock" = the model's own
+    decoder_forms: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.readout not in ("auto", "stock", "rows-first", "packed"):
-            raise ConfigError(f"readout must be auto|stock|rows-first|packed, got {self.readout!r}")
+        if self.readout not in ("auto", "stock", "rows-first", "onednn", "packed"):
+            raise ConfigError(
+                f"readout must be auto|stock|rows-first|onednn|packed, got {self.readout!r}"
+            )
+        if self.decoder_forms not in ("auto", "stock"):
+            raise ConfigError(f"decoder forms must be auto|stock, got {self.decoder_forms!r}")
         if not self.target:
             raise ConfigError("a target model (path or Hub id) is required")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

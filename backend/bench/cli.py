@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     bench_defaults = {"max_new_tokens": 128, "depth": 5, "top_k": 4}
-    tree_and_model = ("total-tokens", "depth", "top-k", "dtype", "readout")
+    tree_and_model = ("total-tokens", "depth", "top-k", "dtype", "readout", "decoder-forms")
     add_flags(parser, "max-new-tokens", "temperature", *tree_and_model, defaults=bench_defaults)
     parser.add_argument(
         "--compare-trees",
@@ -150,6 +150,7 @@ def _run(
             dtype=dtype,
             prompt_format=prompt_format,  # type: ignore[arg-type]
             readout=args.readout,
+            decoder_forms=args.decoder_forms,
         )
     )
     load_s = time.perf_counter() - started - pair.calibration_s

@@ -260,6 +260,7 @@ def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
         "calibration_s": round(pair.calibration_s, 2),
         "tuning_restored": pair.tuning_restored,
         "readout": pair.readout_forms,
+        "decoder_forms": pair.decoder_forms,
         "head_precision": pair.info.head_dtype or "target",
     }
 

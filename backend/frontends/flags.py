@@ -69,10 +69,16 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--top-k": {"type": int, "help": f"tree branching (e.g. {_TREE.top_k})"},
     "--tree-shape": {"choices": ["dynamic", "static"], "default": _TREE.shape},
     "--readout": {
-        "choices": ["auto", "stock", "rows-first", "packed"],
+        "choices": ["auto", "stock", "rows-first", "onednn", "packed"],
         "default": "auto",
         "help": "CPU output projections (target readout, head lm_head): the fastest form per row "
         "count as timed at load (auto) or one forced, for A/B",
+    },
+    "--decoder-forms": {
+        "choices": ["auto", "stock"],
+        "default": "auto",
+        "help": "the target's decoder projections: q/k/v and gate/up as one product each, every "
+        "shape in the fastest CPU form timed at load (auto), or the model's own (stock), for A/B",
     },
 }
 

@@ -1,5 +1,5 @@
 """Measured device costs kept on disk, so a second launch of the same pair skips calibration
-(and reuses the output-projection forms chosen with them, backend/engine/readout.py).
+(and reuses the projection forms chosen with them, backend/engine/projection_forms.py).
 
 A cost model is only valid for the weights, device, dtype, quantization and thread count it
 was timed with, so all of them (plus the torch version and the cost format) go into the key.
@@ -18,12 +18,12 @@ import torch
 
 from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
 from backend.engine.device import hardware_name
-from backend.engine.readout import Forms
+from backend.engine.projection_forms import Forms
 from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 9  # bump when what calibrate() measures changes (or what it times got faster)
+COST_FORMAT = 10  # bump when what calibrate() measures changes (or what it times got faster)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
@@ -50,9 +50,10 @@ def calibration_key(
     device: torch.device,
     dtype: str,
     quantization: str,
-    readout: str = "auto",
+    projections: str = "auto/auto",
 ) -> dict:
-    """Everything a measured cost depends on, as a JSON-ready dict."""
+    """Everything a measured cost depends on, as a JSON-ready dict. ``projections``: the
+    requested readout and decoder forms, ``"auto/auto"``."""
     return {
         "format": COST_FORMAT,
         "target": [str(Path(target_path).resolve()), files_fingerprint(target_path)],
@@ -60,7 +61,7 @@ def calibration_key(
         "device": hardware_name(device),
         "dtype": dtype,
         "quantization": quantization,
-        "readout": readout,
+        "projections": projections,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "context": CALIBRATION_CONTEXT,
@@ -74,8 +75,8 @@ def _entry(key: dict) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """What one load measured: the tuner's costs and the forms of the output projections by
-    name ("target", "head")."""
+    """What one load measured: the tuner's costs and the forms of the projections by name
+    ("target", "head" for the readouts, "decoder <shape>" for the decoder layers)."""
 
     costs: CostModel
     forms: dict[str, Forms] = field(default_factory=dict)

@@ -32,17 +32,24 @@ from backend.engine.calibration import (
     plain_step_s,
     timed_busier,
 )
+from backend.engine.decoder_projections import (
+    describe_decoder,
+    known_decoder_forms,
+    projection_bytes,
+    speed_up_decoder,
+)
 from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.head_precision import choose_head_precision, precision_name
 from backend.engine.progress import drain, relay
-from backend.engine.readout import Forms, describe, speed_up, speed_up_readout
+from backend.engine.projection_forms import Forms, describe, speed_up, speed_up_readout
 from backend.engine.target import TargetRunner
 from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
 from backend.services import calibration_cache, gguf_cache, tuning_cache
 from backend.services.dtypes import resolve_dtype
+from backend.services.planning import available_ram
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
 from backend.services.validate import check_head_fits_target, read_target_config
@@ -67,7 +74,10 @@ class LoadedPair:
     info: PairInfo
     prompt_format: str = "auto"  # see backend/services/prompting.py
     calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
-    readout_forms: str = "stock"  # the CPU forms of the output projections (engine/readout.py)
+    readout_forms: str = (
+        "stock"  # the CPU forms of the output projections (engine/projection_forms.py)
+    )
+    decoder_forms: str = "stock"  # the decoder projections' (engine/decoder_projections.py)
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
@@ -199,13 +209,13 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         runner.device,
         dtype_name,
         config.quantization,
-        config.readout,
+        f"{config.readout}/{config.decoder_forms}",
     )
     cached = calibration_cache.load(key) if drafter is not None else None
     if drafter is not None:  # before the projection forms: they are chosen per dtype
         head, drafter = _drafting_precision(model, runner, head, drafter, cached)
     head_precision = precision_name(head, dtype)
-    forms = speed_up_projections(model, head, config.readout, cached.forms if cached else {})
+    forms = speed_up_projections(model, head, config, cached.forms if cached else {})
 
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
@@ -234,6 +244,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         prompt_format=prompt_format,
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
+        decoder_forms=describe_decoder(forms),
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )
@@ -318,17 +329,29 @@ def load_pair(config: LoadConfig, expected_kind: str | None = None) -> LoadedPai
 
 
 def speed_up_projections(
-    model: Any, head: DraftHead | None, readout: str, known: dict[str, Forms]
+    model: Any, head: DraftHead | None, config: LoadConfig, known: dict[str, Forms]
 ) -> dict[str, Forms]:
     """The CPU forms of the target's readout and of the head's own lm_head (EAGLE-3; EAGLE-1/2
-    heads borrow the target's): ``readout`` forced, or those ``known`` from the calibration
-    cache, or timed now."""
-    force = None if readout == "auto" else readout
+    heads borrow the target's): ``config.readout`` forced, or those ``known`` from the
+    calibration cache, or timed now; then the target's decoder projections, unless
+    ``config.decoder_forms`` is "stock"."""
+    force = None if config.readout == "auto" else config.readout
     forms = {"target": speed_up_readout(model, force, known.get("target"))}
     own = getattr(head, "lm_head", None)
     if own is not None and own is not model.get_output_embeddings():
         forms["head"] = speed_up(own, force, known.get("head"))
+    if config.decoder_forms == "auto":
+        forms.update(speed_up_decoder(model, known_decoder_forms(known), _room_to_pack(model)))
     return forms
+
+
+PACK_SHARE = 0.5  # packed decoder weights may take at most this share of the RAM left
+
+
+def _room_to_pack(model: Any) -> bool:
+    """Whether a second, packed copy of the decoder projections fits easily in the RAM left
+    (unknown RAM: no)."""
+    return projection_bytes(model) < PACK_SHARE * available_ram()
 
 
 def describe_projections(forms: dict[str, Forms]) -> str:

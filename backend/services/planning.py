@@ -293,7 +293,7 @@ def check_memory_fits(needed: int, config: LoadConfig) -> None:
         free, _ = torch.cuda.mem_get_info(device)
         where = f"{torch.cuda.get_device_name(device)} has {format_bytes(free)} free"
     elif device.type == "cpu":
-        free = _available_ram()
+        free = available_ram()
         where = f"the machine has {format_bytes(free)} of RAM available"
     else:
         return
@@ -304,7 +304,8 @@ def check_memory_fits(needed: int, config: LoadConfig) -> None:
         )
 
 
-def _available_ram() -> int:
+def available_ram() -> int:
+    """Bytes of RAM the OS can still give (0 where unknown)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

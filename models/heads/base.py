@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from models.heads.config import HeadConfig, HeadKind
-from models.heads.layers import StackedLinears
+from models.stacked_linears import StackedLinears
 
 
 def execution_device(module: nn.Module) -> torch.device:

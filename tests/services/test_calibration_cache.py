@@ -11,7 +11,7 @@ import torch
 
 from backend.config import LoadConfig
 from backend.engine.progress import drain
-from backend.engine.readout import form_of
+from backend.engine.projection_forms import form_of
 from backend.services import calibration_cache
 from backend.services.loading import load_steps, prepare
 
@@ -52,6 +52,36 @@ def test_the_second_load_runs_the_projection_forms_the_first_chose(pair_on_disk)
     assert second.calibration_s == 0.0
     assert (form_of(readout, many=False), form_of(readout, many=True)) == ("packed", "rows-first")
     assert second.readout_forms.startswith("1 row: packed, more: rows-first")
+
+
+def test_the_second_load_runs_the_decoder_choices_the_first_made(pair_on_disk) -> None:
+    first, _ = load(pair_on_disk)
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    data = json.loads(entry.read_text())
+    groups = [name for name in data["forms"] if name.startswith("decoder ") and "+" in name]
+    assert groups  # q/k/v and gate/up were timed fused against separate
+    for name in groups:  # whatever was timed: fused, packed for several rows
+        data["forms"][name] = {"one": "stock", "many": "packed"}
+    entry.write_text(json.dumps(data))
+    second, _ = load(pair_on_disk)
+    assert second.calibration_s == 0.0
+    attention = second.model.model.layers[0].self_attn
+    product = attention.q_proj.shared_product.product
+    assert (form_of(product, many=False), form_of(product, many=True)) == ("stock", "packed")
+    assert second.decoder_forms.startswith("fused q_proj+k_proj+v_proj, gate_proj+up_proj")
+
+
+def test_stock_decoder_forms_leave_the_model_as_loaded(pair_on_disk) -> None:
+    config = LoadConfig(
+        target=str(pair_on_disk / "target"),
+        head=str(pair_on_disk / "head"),
+        dtype="float32",
+        decoder_forms="stock",
+    )
+    pair = drain(load_steps(prepare(config, config.target, config.head)))
+    linears = [m for m in pair.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and not any("forward" in m.__dict__ for m in linears)
+    assert pair.decoder_forms == "stock"
 
 
 def test_new_weights_or_another_dtype_measure_again(pair_on_disk) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.config import LoadConfig, TreeConfig
-from backend.engine.readout import (
+from backend.engine.projection_forms import (
     _FORWARDS,
     FORMS,
     choose_forms,

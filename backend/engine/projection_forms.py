@@ -1,10 +1,12 @@
-"""Faster CPU forms of the output projections (the target's readout, the head's lm_head).
+"""Faster CPU forms of linear projections: the target's readout, the head's lm_head, and the
+target's decoder projections (backend/engine/decoder_projections.py).
 
-On CPUs the stock ``F.linear`` of a large vocabulary can cost several times its one-row cost as
-soon as a few rows come in (verification multiplies 2-60 rows on every round, a draft-tree
-level several), because the library re-packs the whole weight for every call. Two other forms
-compute the same product:
+On CPUs the stock ``F.linear`` can cost several times its one-row cost as soon as a few rows
+come in (verification multiplies 2-60 rows on every round, a draft-tree level several), and
+the BLAS library behind it is slow on some CPUs whatever the row count. Other forms compute the
+same product:
 - rows-first: ``(weight @ x.T).T`` streams the weight once for all rows;
+- onednn: oneDNN's product on the weight as it is (no extra memory);
 - packed: the weight is re-laid out once at load in oneDNN's blocked format (an extra copy of
   the matrix in memory) and multiplied with no per-call packing.
 Which form is fastest depends on the machine and the shape, and differs between one row (plain
@@ -29,7 +31,7 @@ from torch import nn
 TIMING_ROWS = {False: (1,), True: (2, 3, 4, 8, 16)}
 TIMING_BUDGET_S = 0.01  # per form and row count, beyond three calls
 MIN_GAIN = 1.15  # another form must be at least this much faster than F.linear to be used
-FORMS = ("stock", "rows-first", "packed")
+FORMS = ("stock", "rows-first", "onednn", "packed")
 
 
 def stock_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -45,17 +47,27 @@ def rows_first_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
+def onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` through oneDNN, on the weight as it is."""
+    return _onednn(x, self.weight, self.bias)
+
+
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``F.linear`` against the weight packed once at load (``self.packed_weight``)."""
+    return _onednn(x, self.packed_weight, self.bias, self.weight.shape[0])
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias, out_features: int | None = None):
     rows = x.numel() // x.shape[-1]
     flat = x.reshape(rows, x.shape[-1])
-    out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
-    return out.reshape(*x.shape[:-1], self.weight.shape[0])
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], out_features or weight.shape[0])
 
 
 _FORWARDS: dict[str, Callable] = {
     "stock": stock_forward,
     "rows-first": rows_first_forward,
+    "onednn": onednn_forward,
     "packed": packed_forward,
 }
 
@@ -77,18 +89,30 @@ def swappable(linear: nn.Module) -> bool:
     )
 
 
-def _pack(linear: nn.Linear) -> bool:
-    """Give ``linear`` its packed weight; False where this torch build cannot pack it."""
+def _pack(linear: nn.Linear, rows_hint: int = 1) -> bool:
+    """Give ``linear`` its packed weight, laid out for about ``rows_hint`` rows per call; False
+    where this torch build cannot pack it."""
     if getattr(linear, "packed_weight", None) is not None:
         return True
     try:
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
             x = torch.zeros(2, linear.in_features, dtype=linear.weight.dtype)
-            torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+            _onednn(x, packed, linear.bias, linear.out_features)
     except (RuntimeError, AttributeError):
         return False
     linear.packed_weight = packed
+    return True
+
+
+def _runs_onednn(linear: nn.Linear) -> bool:
+    """Whether this torch build multiplies ``linear``'s plain weight through oneDNN."""
+    try:
+        with torch.no_grad():
+            x = torch.zeros(2, linear.in_features, dtype=linear.weight.dtype)
+            _onednn(x, linear.weight.detach(), linear.bias)
+    except (RuntimeError, AttributeError):
+        return False
     return True
 
 
@@ -96,9 +120,7 @@ def time_forms(linear: nn.Linear, many: bool) -> dict[str, float]:
     """Seconds of each form on one row (``many`` False) or summed over the TIMING_ROWS counts;
     each the best of several calls after an untimed first one (small products are timed more
     often: microseconds are noisy)."""
-    forms = [
-        f for f in FORMS if f != "packed" or getattr(linear, "packed_weight", None) is not None
-    ]
+    forms = [f for f in FORMS if _available(linear, f)]
     seconds = dict.fromkeys(forms, 0.0)
     with torch.inference_mode():
         for rows in TIMING_ROWS[many]:
@@ -115,16 +137,27 @@ def time_forms(linear: nn.Linear, many: bool) -> dict[str, float]:
     return seconds
 
 
+def _available(linear: nn.Linear, form: str) -> bool:
+    if form == "packed":
+        return getattr(linear, "packed_weight", None) is not None
+    if form == "onednn":
+        return _runs_onednn(linear)
+    return True
+
+
 Forms = dict[bool, str]  # several rows? -> form name
 
 
-def choose_forms(linear: nn.Linear, force: str | None = None) -> Forms:
-    """The form for one row and for several: ``force`` (stock, rows-first, packed) or the
-    fastest by timing, kept only if it beats the stock form by MIN_GAIN. Rows-first is never
-    forced on one row, where it is the stock product."""
+def choose_forms(
+    linear: nn.Linear, force: str | None = None, rows_hint: int = 1, pack: bool = True
+) -> Forms:
+    """The form for one row and for several: ``force`` (stock, rows-first, onednn, packed) or
+    the fastest by timing, kept only if it beats the stock form by MIN_GAIN. Rows-first is never
+    forced on one row, where it is the stock product. ``pack`` False: no packed copy allowed."""
     if force is not None:
         return {False: "stock" if force == "rows-first" else force, True: force}
-    _pack(linear)
+    if pack:
+        _pack(linear, rows_hint)
     chosen = {}
     for many in (False, True):
         seconds = time_forms(linear, many)
@@ -134,7 +167,11 @@ def choose_forms(linear: nn.Linear, force: str | None = None) -> Forms:
 
 
 def speed_up(
-    linear: nn.Module | None, force: str | None = None, known: Forms | None = None
+    linear: nn.Module | None,
+    force: str | None = None,
+    known: Forms | None = None,
+    rows_hint: int = 1,
+    pack: bool = True,
 ) -> Forms:
     """Give ``linear`` the fastest form per row count (see ``choose_forms``), or the ``known``
     forms an earlier load of the same weights chose (timing twice could pick differently, and
@@ -143,9 +180,11 @@ def speed_up(
     if linear is None or not swappable(linear):
         return stock
     valid = known is not None and set(known) == {False, True} and set(known.values()) <= set(FORMS)
-    forms = dict(known) if valid else choose_forms(linear, force)
-    if "packed" in forms.values() and not _pack(linear):
+    forms = dict(known) if valid else choose_forms(linear, force, rows_hint, pack)
+    if "packed" in forms.values() and not (pack and _pack(linear, rows_hint)):
         forms = {many: "stock" if form == "packed" else form for many, form in forms.items()}
+    if "onednn" in forms.values() and not _runs_onednn(linear):
+        forms = {many: "stock" if form == "onednn" else form for many, form in forms.items()}
     if "packed" not in forms.values():
         linear.packed_weight = None  # no extra copy kept for nothing
     if forms == stock:

@@ -1,0 +1,301 @@
+"""The target's decoder projections, faster at inference while the model stays a stock
+transformers model with the same parameters:
+- linears that read the same tensor (an attention's q/k/v, a gated MLP's gate/up) run as one
+  product (``StackedLinears``: their weights re-seated as blocks of one matrix, no copy);
+- every projection shape runs in the fastest CPU form timed at load (projection_forms.py),
+  timed once per shape and applied to every layer.
+
+transformers calls q_proj, k_proj and v_proj one after another on the same hidden states, so
+each member's ``forward`` is replaced: the first call computes the stacked product and keeps
+the other members' slices (per thread) for their calls on that very tensor; any other call,
+or one with gradients on, computes its own product. A probe forward before and after the swap
+must agree, or the swap is undone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.engine.device import now
+from backend.engine.projection_forms import FORMS, Forms, speed_up, swappable
+from models.features import decoder_of
+from models.heads.base import execution_device
+from models.stacked_linears import StackedLinears
+
+logger = logging.getLogger(__name__)
+
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+ROWS_HINT = 8  # packed layouts suited to tree-sized calls (one-row calls barely mind)
+PROBE_TOKENS = 5
+FUSE_GAIN = 1.05  # a fused group must be timed at least this much faster than its members
+TIMING_ROWS = (1, 4, 8, 16)  # a plain step, chain-sized and tree-sized verifications
+TIMING_CALLS = 7
+UNFUSED: Forms = {False: "unfused", True: "unfused"}  # a group left as its own linears
+STOCK: Forms = {False: "stock", True: "stock"}
+
+
+class SharedProduct:
+    """One stacked product that serves each of its member linears its own slice."""
+
+    def __init__(self, stack: StackedLinears) -> None:
+        self.stack = stack
+        sizes = [linear.out_features for linear in stack.linears]
+        self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
+        self.product = _linear_over(stack)  # shares the stacked storage
+        self._pending = threading.local()  # [input, product, members yet to take theirs]
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        start, size = self.slices[index]
+        pending = getattr(self._pending, "value", None)
+        if pending is not None and pending[0] is x and index in pending[2]:
+            pending[2].discard(index)
+            out = pending[1]
+            if not pending[2]:
+                self._pending.value = None  # nothing kept alive past the last member
+            return out.narrow(-1, start, size)
+        if torch.is_grad_enabled() or not self.stack.fused:
+            self._pending.value = None
+            member = self.stack.linears[index]
+            return F.linear(x, member.weight, member.bias)
+        product = self.product
+        forms = getattr(product, "forms", None)  # the form for one row or several, if any
+        if forms is None:
+            out = F.linear(x, product.weight, product.bias)
+        else:
+            out = forms[x.numel() > x.shape[-1]](product, x)
+        others = set(range(len(self.slices)))
+        others.discard(index)
+        self._pending.value = [x, out, others]
+        return out.narrow(-1, start, size)
+
+
+def _member_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return self.shared_product.output(self.shared_index, x)
+
+
+def _linear_over(stack: StackedLinears) -> nn.Linear:
+    """An ``nn.Linear`` whose weight (and bias) is the stack's matrix itself, so the product
+    can take a CPU form like any linear."""
+    weight, bias = stack.weight, stack.bias
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return linear
+
+
+def speed_up_decoder(model: nn.Module, known: dict[str, Forms], pack: bool) -> dict[str, Forms]:
+    """Fuse the sibling projections of every decoder layer where that pays and give each
+    projection shape its form (``known`` from an earlier load of this pair, else timed on the
+    first layer; ``pack`` False allows no packed copy of the weights). Returns the choices by
+    name (``"decoder 320x192"`` for a linear or a fused product, ``"decoder q_proj+k_proj+v_proj
+    320x192"`` for a group: its product's forms or UNFUSED), empty when nothing changed or the
+    probe disagreed."""
+    layers = list(decoder_of(model).layers)
+    if not any(_stackable(linear) for linear in _linears(layers)):
+        return {}
+    before = _probe(model)
+    forms: dict[str, Forms] = {}
+    for members in _sibling_groups(layers):
+        name = group_name(members)
+        forms[name] = _fuse_if_it_pays(members, known.get(name) or forms.get(name), forms, pack)
+    for linear in _linears(layers):
+        if "shared_product" not in linear.__dict__:
+            _give_forms(linear, known, forms, pack)
+    try:
+        agrees = _close(before, _probe(model))
+    except RuntimeError as error:
+        logger.warning("fused decoder projections failed a probe forward: %s", error)
+        agrees = False
+    if not agrees:
+        logger.warning("the fused decoder projections changed the outputs: undone")
+        restore_decoder(model)
+        return {}
+    return forms
+
+
+def _fuse_if_it_pays(
+    members: list[nn.Linear], choice: Forms | None, forms: dict[str, Forms], pack: bool
+) -> Forms:
+    """Run ``members`` as one product with the ``choice`` of forms; with no choice yet, only if
+    that is timed at least FUSE_GAIN times faster than the members in their own forms. Returns
+    the product's forms, or UNFUSED."""
+    if choice == UNFUSED:
+        return UNFUSED
+    if choice is None:
+        for member in members:
+            _give_forms(member, {}, forms, pack)
+        separate = _time_calls(members)
+        for member in members:
+            _unswap(member)
+    shared = _share(members)
+    if shared is None:
+        return UNFUSED
+    product_forms = speed_up(shared.product, known=choice, rows_hint=ROWS_HINT, pack=pack)
+    if choice is None and FUSE_GAIN * _time_calls(members) > separate:
+        for member in members:
+            _unswap(member)
+        return UNFUSED
+    return product_forms
+
+
+def _give_forms(
+    linear: nn.Linear, known: dict[str, Forms], forms: dict[str, Forms], pack: bool
+) -> None:
+    if not swappable(linear):
+        return
+    name = shape_name(linear)
+    chosen = known.get(name) or forms.get(name)
+    forms[name] = speed_up(linear, known=chosen, rows_hint=ROWS_HINT, pack=pack)
+
+
+def _time_calls(members: list[nn.Linear]) -> float:
+    """Seconds to call every member on the same input, summed over TIMING_ROWS (best of
+    several calls each)."""
+    weight = members[0].weight
+    total = 0.0
+    with torch.inference_mode():
+        for rows in TIMING_ROWS:
+            x = torch.randn(
+                1, rows, members[0].in_features, dtype=weight.dtype, device=weight.device
+            )
+            best = float("inf")
+            for _ in range(TIMING_CALLS):
+                start = now(weight.device)
+                for member in members:
+                    member(x)
+                best = min(best, now(weight.device) - start)
+            total += best
+    return total
+
+
+def _unswap(linear: nn.Linear) -> None:
+    """Back to the stock forward (the weights stay where they are)."""
+    for name in ("forward", "shared_product", "shared_index", "forms", "packed_weight"):
+        linear.__dict__.pop(name, None)
+
+
+def restore_decoder(model: nn.Module) -> None:
+    """Every decoder linear back to its own stock forward (weights stay as they are)."""
+    for linear in _linears(list(decoder_of(model).layers)):
+        _unswap(linear)
+
+
+def projection_bytes(model: nn.Module) -> int:
+    """Bytes of the decoder's linear weights: what a packed copy of them all would add."""
+    linears = _linears(list(decoder_of(model).layers))
+    return sum(linear.weight.numel() * linear.weight.element_size() for linear in linears)
+
+
+def shape_name(linear: nn.Linear) -> str:
+    bias = "+bias" if linear.bias is not None else ""
+    return f"decoder {linear.out_features}x{linear.in_features}{bias}"
+
+
+def known_decoder_forms(forms: dict[str, Forms]) -> dict[str, Forms]:
+    """The decoder entries of cached forms that name real forms."""
+    return {
+        name: chosen
+        for name, chosen in forms.items()
+        if name.startswith("decoder ") and set(chosen.values()) <= {*FORMS, "unfused"}
+    }
+
+
+def describe_decoder(forms: dict[str, Forms]) -> str:
+    """``"fused gate_proj+up_proj; 1024x192 stock/packed, 192x192 stock/stock"`` (each shape's
+    form for one row / several), or ``"stock"`` when nothing changed."""
+    decoder = {
+        name.removeprefix("decoder "): c for name, c in forms.items() if name.startswith("decoder ")
+    }
+    fused = [name.split()[0] for name, c in decoder.items() if " " in name and c != UNFUSED]
+    shapes = [
+        f"{name} {c[False]}/{c[True]}" for name, c in sorted(decoder.items()) if " " not in name
+    ]
+    if not fused and all(shape.endswith("stock/stock") for shape in shapes):
+        return "stock"
+    return f"fused {', '.join(fused) or 'nothing'}; {', '.join(shapes)}"
+
+
+def _sibling_groups(layers: list[nn.Module]) -> Iterator[list[nn.Linear]]:
+    """Each layer's linears that read the same input (SIBLINGS) and could run as one product."""
+    for layer in layers:
+        for module in layer.modules():
+            for names in SIBLINGS:
+                members = [getattr(module, name, None) for name in names]
+                if (
+                    all(_stackable(m) for m in members)
+                    and len({m.in_features for m in members}) == 1
+                ):
+                    yield members
+
+
+def _share(members: list[nn.Linear]) -> SharedProduct | None:
+    """Members re-seated as one matrix and answering from one shared product; None where they
+    cannot be stacked (mixed dtypes or devices, some with bias)."""
+    stack = StackedLinears(*members)
+    if not stack.fuse():
+        return None
+    shared = SharedProduct(stack)
+    for index, member in enumerate(members):
+        member.shared_product, member.shared_index = shared, index
+        member.forward = types.MethodType(_member_forward, member)
+    return shared
+
+
+def group_name(members: list[nn.Linear]) -> str:
+    names = "+".join(_attribute_names(members))
+    out = sum(member.out_features for member in members)
+    return f"decoder {names} {out}x{members[0].in_features}"
+
+
+def _attribute_names(members: list[nn.Linear]) -> list[str]:
+    for names in SIBLINGS:
+        if len(names) == len(members):
+            return list(names)
+    return [str(len(members))]
+
+
+def _linears(layers: list[nn.Module]) -> Iterator[nn.Linear]:
+    for layer in layers:
+        for module in layer.modules():
+            if isinstance(module, nn.Linear):
+                yield module
+
+
+def _stackable(linear: nn.Module | None) -> bool:
+    """A plain float linear on a real device whose forward nobody else has replaced."""
+    return (
+        type(linear) is nn.Linear
+        and linear.weight.device.type != "meta"
+        and linear.weight.is_floating_point()
+        and not hasattr(linear, "_hf_hook")
+        and "shared_product" not in linear.__dict__
+    )
+
+
+@torch.inference_mode()
+def _probe(model: nn.Module) -> list[torch.Tensor]:
+    """Logits of a few tokens and of one token, without a cache: a several-row and a one-row
+    forward through every layer."""
+    device = execution_device(model.get_input_embeddings())
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = (torch.arange(PROBE_TOKENS, device=device) * 7 + 1) % vocab
+    return [model(input_ids=tokens[None], use_cache=False).logits[0] for tokens in (ids, ids[:1])]
+
+
+def _close(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
+    """Equal up to rounding (other kernels add in another order), far from a wrong product."""
+    for old, new in zip(before, after):
+        tolerance = 1e-3 if old.dtype == torch.float32 else 3e-2
+        old, new = old.float(), new.float()
+        scale = float(old.abs().max()) or 1.0
+        if not torch.allclose(new, old, rtol=0.0, atol=tolerance * scale):
+            return False
+    return True
