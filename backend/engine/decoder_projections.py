@@ -38,7 +38,6 @@ FUSE_GAIN = 1.05  # a fused group must be timed at least this much faster than i
 TIMING_ROWS = (1, 4, 8, 16)  # a plain step, chain-sized and tree-sized verifications
 TIMING_CALLS = 7
 UNFUSED: Forms = {False: "unfused", True: "unfused"}  # a group left as its own linears
-STOCK: Forms = {False: "stock", True: "stock"}
 
 
 class SharedProduct:
