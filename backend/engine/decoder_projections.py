@@ -35,9 +35,11 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 ROWS_HINT = 8  # packed layouts suited to tree-sized calls (one-row calls barely mind)
 PROBE_TOKENS = 5
 FUSE_GAIN = 1.05  # a fused group must be timed at least this much faster than its members
-TIMING_ROWS = (1, 4, 8, 16)  # a plain step, chain-sized and tree-sized verifications
+# rows timed per case: one row (plain steps), several (chain- and tree-sized verifications)
+TIMING_ROWS = {False: (1,), True: (4, 8, 16)}
 TIMING_CALLS = 7
-UNFUSED: Forms = {False: "unfused", True: "unfused"}  # a group left as its own linears
+UNFUSED: Forms = {False: "unfused", True: "unfused"}  # a group left as its own linears, for
+# one row and for several (a group may also be fused for several rows only)
 
 
 class SharedProduct:
@@ -48,6 +50,7 @@ class SharedProduct:
         sizes = [linear.out_features for linear in stack.linears]
         self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
         self.product = _linear_over(stack)  # shares the stacked storage
+        self.fused_rows = {False: True, True: True}  # one row / several: through the product?
         self._pending = threading.local()  # [input, product, members yet to take theirs]
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +62,8 @@ class SharedProduct:
             if not pending[2]:
                 self._pending.value = None  # nothing kept alive past the last member
             return out.narrow(-1, start, size)
-        if torch.is_grad_enabled() or not self.stack.fused:
+        many = x.numel() > x.shape[-1]
+        if not self.fused_rows[many] or torch.is_grad_enabled() or not self.stack.fused:
             self._pending.value = None
             member = self.stack.linears[index]
             return F.linear(x, member.weight, member.bias)
@@ -68,7 +72,7 @@ class SharedProduct:
         if forms is None:
             out = F.linear(x, product.weight, product.bias)
         else:
-            out = forms[x.numel() > x.shape[-1]](product, x)
+            out = forms[many](product, x)
         others = set(range(len(self.slices)))
         others.discard(index)
         self._pending.value = [x, out, others]
@@ -123,26 +127,38 @@ def speed_up_decoder(model: nn.Module, known: dict[str, Forms], pack: bool) -> d
 def _fuse_if_it_pays(
     members: list[nn.Linear], choice: Forms | None, forms: dict[str, Forms], pack: bool
 ) -> Forms:
-    """Run ``members`` as one product with the ``choice`` of forms; with no choice yet, only if
-    that is timed at least FUSE_GAIN times faster than the members in their own forms. Returns
-    the product's forms, or UNFUSED."""
+    """Run ``members`` as one product with the ``choice`` of forms (``"unfused"`` for one row or
+    for several: the members run alone there); with no choice yet, for one row and for several
+    only where that is timed at least FUSE_GAIN times faster than the members in their own
+    forms. Returns the product's forms per case, or UNFUSED."""
     if choice == UNFUSED:
         return UNFUSED
     if choice is None:
         for member in members:
             _give_forms(member, {}, forms, pack)
-        separate = _time_calls(members)
+        separate = {many: _time_calls(members, rows) for many, rows in TIMING_ROWS.items()}
         for member in members:
             _unswap(member)
     shared = _share(members)
     if shared is None:
         return UNFUSED
-    product_forms = speed_up(shared.product, known=choice, rows_hint=ROWS_HINT, pack=pack)
-    if choice is None and FUSE_GAIN * _time_calls(members) > separate:
+    known = None if choice is None else {many: form for many, form in choice.items()}
+    if known is not None and "unfused" in known.values():  # the product's form where it runs
+        runs = [form for form in known.values() if form != "unfused"]
+        known = {many: form if form != "unfused" else runs[0] for many, form in known.items()}
+    chosen = speed_up(shared.product, known=known, rows_hint=ROWS_HINT, pack=pack)
+    if choice is None:
+        for many, rows in TIMING_ROWS.items():
+            if FUSE_GAIN * _time_calls(members, rows) > separate[many]:
+                chosen[many] = "unfused"
+    else:
+        chosen = {many: "unfused" if choice[many] == "unfused" else chosen[many] for many in choice}
+    if chosen == UNFUSED:
         for member in members:
             _unswap(member)
         return UNFUSED
-    return product_forms
+    shared.fused_rows = {many: form != "unfused" for many, form in chosen.items()}
+    return chosen
 
 
 def _give_forms(
@@ -155,13 +171,13 @@ def _give_forms(
     forms[name] = speed_up(linear, known=chosen, rows_hint=ROWS_HINT, pack=pack)
 
 
-def _time_calls(members: list[nn.Linear]) -> float:
-    """Seconds to call every member on the same input, summed over TIMING_ROWS (best of
+def _time_calls(members: list[nn.Linear], row_counts: tuple[int, ...]) -> float:
+    """Seconds to call every member on the same input, summed over ``row_counts`` (best of
     several calls each)."""
     weight = members[0].weight
     total = 0.0
     with torch.inference_mode():
-        for rows in TIMING_ROWS:
+        for rows in row_counts:
             x = torch.randn(
                 1, rows, members[0].in_features, dtype=weight.dtype, device=weight.device
             )
@@ -208,18 +224,26 @@ def known_decoder_forms(forms: dict[str, Forms]) -> dict[str, Forms]:
 
 
 def describe_decoder(forms: dict[str, Forms]) -> str:
-    """``"fused gate_proj+up_proj; 1024x192 stock/packed, 192x192 stock/stock"`` (each shape's
+    """``"fused gate_proj+up_proj (several rows); 1024x192 stock/packed, ..."`` (each shape's
     form for one row / several), or ``"stock"`` when nothing changed."""
-    decoder = {
-        name.removeprefix("decoder "): c for name, c in forms.items() if name.startswith("decoder ")
-    }
-    fused = [name.split()[0] for name, c in decoder.items() if " " in name and c != UNFUSED]
+    decoder = {n.removeprefix("decoder "): c for n, c in forms.items() if n.startswith("decoder ")}
+    fused = [
+        name.split()[0] + _fused_cases(c)
+        for name, c in decoder.items()
+        if " " in name and c != UNFUSED
+    ]
     shapes = [
         f"{name} {c[False]}/{c[True]}" for name, c in sorted(decoder.items()) if " " not in name
     ]
     if not fused and all(shape.endswith("stock/stock") for shape in shapes):
         return "stock"
     return f"fused {', '.join(fused) or 'nothing'}; {', '.join(shapes)}"
+
+
+def _fused_cases(chosen: Forms) -> str:
+    if "unfused" not in chosen.values():
+        return ""
+    return " (several rows)" if chosen[True] != "unfused" else " (one row)"
 
 
 def _sibling_groups(layers: list[nn.Module]) -> Iterator[list[nn.Linear]]:

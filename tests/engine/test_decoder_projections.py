@@ -137,14 +137,43 @@ def test_eagle_stays_identical_to_vanilla_with_the_swap(always_fuse) -> None:
 
 def test_fusion_is_kept_only_where_it_was_timed_faster(monkeypatch) -> None:
     """Separate calls timed faster: the group stays separate, its linears keep their own forms."""
-    timings = iter([1.0, 2.0] * 8)  # separate, then fused, for each group shape
-    monkeypatch.setattr(dp, "_time_calls", lambda members: next(timings))
+    timings = iter([1.0, 1.0, 2.0, 2.0] * 8)  # separate (one row, several), then fused
+    monkeypatch.setattr(dp, "_time_calls", lambda members, rows: next(timings))
     model = tiny_target("llama")
     forms = dp.speed_up_decoder(model, {}, pack=False)
     groups = {name: chosen for name, chosen in forms.items() if "+" in name}
     assert groups and all(chosen == dp.UNFUSED for chosen in groups.values())
     assert not shared(model)
     assert dp.describe_decoder(forms).startswith(("stock", "fused nothing"))
+
+
+def test_a_group_can_be_fused_for_several_rows_only(monkeypatch) -> None:
+    timings = iter([1.0, 2.0, 2.0, 1.0] * 8)  # fused loses on one row, wins on several
+    monkeypatch.setattr(dp, "_time_calls", lambda members, rows: next(timings))
+    model = tiny_target("llama")
+    steps = [[3, 5, 7, 9], [11, 13], [17]]
+    expected = logits_with_cache(model, steps)
+    forms = dp.speed_up_decoder(model, {}, pack=False)
+    groups = [chosen for name, chosen in forms.items() if "+" in name]
+    assert groups and all(c[False] == "unfused" != c[True] for c in groups)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert q_proj.shared_product.fused_rows == {False: False, True: True}
+    calls = []
+    real = dp.SharedProduct.output
+
+    def spy(self, index, x):
+        calls.append((x.numel() > x.shape[-1], self.fused_rows[x.numel() > x.shape[-1]]))
+        return real(self, index, x)
+
+    monkeypatch.setattr(dp.SharedProduct, "output", spy)
+    for ours, stock in zip(logits_with_cache(model, steps), expected):
+        torch.testing.assert_close(ours, stock, rtol=1e-4, atol=1e-4)
+    assert {(False, False), (True, True)} <= set(calls)
+    assert "(several rows)" in dp.describe_decoder(forms)
+    again = tiny_target("llama")  # the cached choice, applied without timing
+    monkeypatch.setattr(dp, "_time_calls", lambda members, rows: 1 / 0)
+    dp.speed_up_decoder(again, dp.known_decoder_forms(forms), pack=False)
+    assert again.model.layers[1].mlp.up_proj.shared_product.fused_rows == {False: False, True: True}
 
 
 def test_known_choices_are_applied_without_timing(monkeypatch, always_fuse) -> None:
