@@ -47,8 +47,11 @@ def can_lower(head: DraftHead) -> bool:
 def lowered_copy(head: DraftHead) -> DraftHead:
     """A bfloat16 copy of ``head`` sharing the target modules it borrows (never copied)."""
     shared = {id(module): module for module in head.borrowed_modules()}
-    twin = copy.deepcopy(head, memo=shared)
-    return twin.to(LOWER)
+    twin = copy.deepcopy(head, memo=shared).to(LOWER)
+    for module in twin.modules():  # its KV and attention stay float32 (see layers.Attention)
+        if hasattr(module, "attention_dtype"):
+            module.attention_dtype = torch.float32
+    return twin
 
 
 @torch.inference_mode()

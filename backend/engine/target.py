@@ -9,6 +9,7 @@ prompt.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ class TargetRunner:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
         self.layout = AttentionLayout.of(self.config, model)
         self._capture = FeatureCapture(model, feature_indices) if feature_indices else None
+        if _all_on_cpu(model):
+            _grouped_attention_with_masks()
 
     def new_cache(self):
         return kv.new_cache(self.layout.layer_windows)
@@ -78,6 +81,20 @@ class TargetRunner:
             )
         features = capture.features()[0] if capture is not None else None
         return TargetStep(logits=out.logits[0], features=features)
+
+
+def _all_on_cpu(model: nn.Module) -> bool:
+    return all(p.device.type == "cpu" for p in model.parameters())
+
+
+def _grouped_attention_with_masks() -> None:
+    """Let transformers hand grouped (GQA) keys and values to SDPA as they are even with a
+    mask. By default it copies them once per query head whenever a mask is given, and every
+    verification of several tokens has one (a chain's causal offset, a tree's mask): a copy of
+    each layer's whole cache per round, which a one-token step (no mask) never pays. On a CPU
+    SDPA takes grouped heads with a mask directly (on CUDA that falls back to a slow kernel, so
+    only a process whose model runs on the CPU asks); an explicit setting is left alone."""
+    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
 
 def _compute_dtype(model: nn.Module) -> torch.dtype:

@@ -99,6 +99,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.qkv = StackedLinears(self.q_proj, self.k_proj, self.v_proj)
+        # None: attention in the weights' dtype; float32 for a bfloat16 head on a CPU, whose
+        # one-query bfloat16 attention slows down with the context far faster than float32's
+        self.attention_dtype: torch.dtype | None = None
 
     def forward(
         self,
@@ -113,6 +116,8 @@ class Attention(nn.Module):
         rotated = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], *rotary)
         q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads :]
+        if self.attention_dtype is not None:
+            q, k, v = (t.to(self.attention_dtype) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(k, v, 0)
         # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
@@ -127,7 +132,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=from_empty, enable_gqa=grouped
         )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1).to(x.dtype))
 
 
 def causal_bias(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

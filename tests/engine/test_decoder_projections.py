@@ -24,6 +24,12 @@ def always_fuse(monkeypatch):
     monkeypatch.setattr(dp, "FUSE_GAIN", 0.0)
 
 
+def fused_tiny(arch: str = "llama", pack: bool = False) -> nn.Module:
+    model = tiny_target(arch)
+    dp.speed_up_decoder(model, {}, pack=pack)
+    return model
+
+
 def shared(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if "shared_product" in m.__dict__]
 
@@ -59,8 +65,7 @@ def test_fused_projections_give_the_stock_outputs_on_every_architecture(arch, al
 
 
 def test_fused_siblings_share_one_storage_and_in_place_updates_reach_it(always_fuse) -> None:
-    model = tiny_target("qwen2")  # q/k/v with biases
-    dp.speed_up_decoder(model, {}, pack=False)
+    model = fused_tiny("qwen2")  # q/k/v with biases
     attention = model.model.layers[0].self_attn
     pointers = {
         p.untyped_storage().data_ptr()
@@ -79,8 +84,7 @@ def test_fused_siblings_share_one_storage_and_in_place_updates_reach_it(always_f
 
 
 def test_a_member_called_on_another_tensor_computes_its_own(always_fuse) -> None:
-    model = tiny_target("llama")
-    dp.speed_up_decoder(model, {}, pack=False)
+    model = fused_tiny()
     mlp = model.model.layers[1].mlp
     a, b = torch.randn(1, 2, 64), torch.randn(1, 2, 64)
     with torch.inference_mode():
@@ -92,8 +96,7 @@ def test_a_member_called_on_another_tensor_computes_its_own(always_fuse) -> None
 
 
 def test_threads_do_not_take_each_others_slices(always_fuse) -> None:
-    model = tiny_target("llama")
-    dp.speed_up_decoder(model, {}, pack=False)
+    model = fused_tiny()
     attention = model.model.layers[0].self_attn
     mine, theirs = torch.randn(1, 3, 64), torch.randn(1, 3, 64)
     with torch.inference_mode():
@@ -112,8 +115,7 @@ def test_threads_do_not_take_each_others_slices(always_fuse) -> None:
 
 
 def test_with_gradients_on_each_linear_runs_on_its_own_and_trains(always_fuse) -> None:
-    model = tiny_target("llama")
-    dp.speed_up_decoder(model, {}, pack=True)
+    model = fused_tiny(pack=True)
     attention = model.model.layers[0].self_attn
     x = torch.randn(1, 3, 64)
     (attention.q_proj(x).sum() + attention.v_proj(x).sum()).backward()

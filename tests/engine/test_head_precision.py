@@ -46,6 +46,25 @@ def test_a_bfloat16_head_keeps_drafting_what_the_float32_one_does() -> None:
     assert tau[0] > 2.0 and tau[1] > 0.8 * tau[0]
 
 
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_a_bfloat16_head_attends_in_float32(kind: str) -> None:
+    """Its KV cache and attention stay float32 (bfloat16 one-query attention slows with the
+    context on CPUs); the rest of the head runs in bfloat16."""
+    from transformers import DynamicCache
+
+    target = tiny_target("llama")
+    lowered = lowered_copy(tiny_head(kind, target))
+    attentions = [m for m in lowered.modules() if hasattr(m, "attention_dtype")]
+    assert attentions and all(m.attention_dtype == torch.float32 for m in attentions)
+    assert lowered.dtype_device()[0] == torch.bfloat16
+    cache = DynamicCache()
+    features = torch.randn(1, 3, lowered.config.hidden_size, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        hidden = lowered(features, torch.tensor([[1, 2, 3]]), torch.arange(3)[None], None, cache)
+    assert hidden.dtype == torch.bfloat16 and torch.isfinite(hidden.float()).all()
+    assert cache.layers[0].keys.dtype == torch.float32
+
+
 def test_the_copy_shares_the_borrowed_target_modules_and_leaves_the_original() -> None:
     target = tiny_target("llama", num_layers=8)
     head = tiny_head("eagle1", target)
