@@ -32,7 +32,6 @@ from models.stacked_linears import StackedLinears
 logger = logging.getLogger(__name__)
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-ROWS_HINT = 8  # packed layouts suited to tree-sized calls (one-row calls barely mind)
 PROBE_TOKENS = 5
 FUSE_GAIN = 1.05  # a fused group must be timed at least this much faster than its members
 # rows timed per case: one row (plain steps), several (chain- and tree-sized verifications)
@@ -146,7 +145,7 @@ def _fuse_if_it_pays(
     if known is not None and "unfused" in known.values():  # the product's form where it runs
         runs = [form for form in known.values() if form != "unfused"]
         known = {many: form if form != "unfused" else runs[0] for many, form in known.items()}
-    chosen = speed_up(shared.product, known=known, rows_hint=ROWS_HINT, pack=pack)
+    chosen = speed_up(shared.product, known=known, pack=pack)
     if choice is None:
         for many, rows in TIMING_ROWS.items():
             if FUSE_GAIN * _time_calls(members, rows) > separate[many]:
@@ -168,7 +167,7 @@ def _give_forms(
         return
     name = shape_name(linear)
     chosen = known.get(name) or forms.get(name)
-    forms[name] = speed_up(linear, known=chosen, rows_hint=ROWS_HINT, pack=pack)
+    forms[name] = speed_up(linear, known=chosen, pack=pack)
 
 
 def _time_calls(members: list[nn.Linear], row_counts: tuple[int, ...]) -> float:

@@ -31,6 +31,8 @@ from torch import nn
 TIMING_ROWS = {False: (1,), True: (2, 3, 4, 8, 16)}
 TIMING_BUDGET_S = 0.01  # per form and row count, beyond three calls
 MIN_GAIN = 1.15  # another form must be at least this much faster than F.linear to be used
+PACK_ROWS = 8  # packed layouts suited to tree-sized calls (one-row calls barely mind; a layout
+# for one row makes several-row calls far slower)
 FORMS = ("stock", "rows-first", "onednn", "packed")
 
 
@@ -89,14 +91,14 @@ def swappable(linear: nn.Module) -> bool:
     )
 
 
-def _pack(linear: nn.Linear, rows_hint: int = 1) -> bool:
-    """Give ``linear`` its packed weight, laid out for about ``rows_hint`` rows per call; False
+def _pack(linear: nn.Linear) -> bool:
+    """Give ``linear`` its packed weight, laid out for about PACK_ROWS rows per call; False
     where this torch build cannot pack it."""
     if getattr(linear, "packed_weight", None) is not None:
         return True
     try:
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS)
             x = torch.zeros(2, linear.in_features, dtype=linear.weight.dtype)
             _onednn(x, packed, linear.bias, linear.out_features)
     except (RuntimeError, AttributeError):
@@ -148,16 +150,14 @@ def _available(linear: nn.Linear, form: str) -> bool:
 Forms = dict[bool, str]  # several rows? -> form name
 
 
-def choose_forms(
-    linear: nn.Linear, force: str | None = None, rows_hint: int = 1, pack: bool = True
-) -> Forms:
+def choose_forms(linear: nn.Linear, force: str | None = None, pack: bool = True) -> Forms:
     """The form for one row and for several: ``force`` (stock, rows-first, onednn, packed) or
     the fastest by timing, kept only if it beats the stock form by MIN_GAIN. Rows-first is never
     forced on one row, where it is the stock product. ``pack`` False: no packed copy allowed."""
     if force is not None:
         return {False: "stock" if force == "rows-first" else force, True: force}
     if pack:
-        _pack(linear, rows_hint)
+        _pack(linear)
     chosen = {}
     for many in (False, True):
         seconds = time_forms(linear, many)
@@ -170,7 +170,6 @@ def speed_up(
     linear: nn.Module | None,
     force: str | None = None,
     known: Forms | None = None,
-    rows_hint: int = 1,
     pack: bool = True,
 ) -> Forms:
     """Give ``linear`` the fastest form per row count (see ``choose_forms``), or the ``known``
@@ -180,8 +179,8 @@ def speed_up(
     if linear is None or not swappable(linear):
         return stock
     valid = known is not None and set(known) == {False, True} and set(known.values()) <= set(FORMS)
-    forms = dict(known) if valid else choose_forms(linear, force, rows_hint, pack)
-    if "packed" in forms.values() and not (pack and _pack(linear, rows_hint)):
+    forms = dict(known) if valid else choose_forms(linear, force, pack)
+    if "packed" in forms.values() and not (pack and _pack(linear)):
         forms = {many: "stock" if form == "packed" else form for many, form in forms.items()}
     if "onednn" in forms.values() and not _runs_onednn(linear):
         forms = {many: "stock" if form == "onednn" else form for many, form in forms.items()}
