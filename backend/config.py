@@ -129,6 +129,9 @@ class LoadConfig:
     # shape in the fastest CPU form timed at load (backend/engine/decoder_projections.py);
     # "stock" = the model's own
     decoder_forms: str = "auto"
+    # CPU threads for the decoding rounds of a pair with a head: 0 = the fastest count timed at
+    # load (backend/engine/calibration.py), N = N threads; the prefill always uses them all
+    round_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.readout not in ("auto", "stock", "rows-first", "onednn", "packed"):
@@ -137,6 +140,10 @@ class LoadConfig:
             )
         if self.decoder_forms not in ("auto", "stock"):
             raise ConfigError(f"decoder forms must be auto|stock, got {self.decoder_forms!r}")
+        if not isinstance(self.round_threads, int) or self.round_threads < 0:
+            raise ConfigError(
+                f"round threads must be 0 (auto) or a positive count, got {self.round_threads!r}"
+            )
         if not self.target:
             raise ConfigError("a target model (path or Hub id) is required")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

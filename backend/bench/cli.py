@@ -72,7 +72,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     bench_defaults = {"max_new_tokens": 128, "depth": 5, "top_k": 4}
-    tree_and_model = ("total-tokens", "depth", "top-k", "dtype", "readout", "decoder-forms")
+    tree_and_model = (
+        "total-tokens",
+        "depth",
+        "top-k",
+        "dtype",
+        "readout",
+        "decoder-forms",
+        "round-threads",
+    )
     add_flags(parser, "max-new-tokens", "temperature", *tree_and_model, defaults=bench_defaults)
     parser.add_argument(
         "--compare-trees",
@@ -151,6 +159,7 @@ def _run(
             prompt_format=prompt_format,  # type: ignore[arg-type]
             readout=args.readout,
             decoder_forms=args.decoder_forms,
+            round_threads=args.round_threads,
         )
     )
     load_s = time.perf_counter() - started - pair.calibration_s

@@ -158,11 +158,19 @@ def why_slow(result: BenchResult, eagle: MethodSummary) -> str:
     )
 
 
+def _round_threads(settings: dict) -> str:
+    """ ", decoding rounds on N threads" where the rounds ran on fewer threads than the rest."""
+    threads = settings.get("round_threads")
+    if not threads or f"{threads} torch threads" in settings.get("machine", ""):
+        return ""
+    return f", decoding rounds on {threads} thread{'s' if threads > 1 else ''}"
+
+
 def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], command: str) -> str:
     s = result.settings
     lines = [
-        f"Machine: {s['machine']}, device {s['device']}, {s['dtype']}, torch {s['torch']}. "
-        f"{s['num_prompts']} prompts (mean {s.get('prompt_tokens_mean', '?')} tokens), "
+        f"Machine: {s['machine']}, device {s['device']}, {s['dtype']}, torch {s['torch']}"
+        f"{_round_threads(s)}. {s['num_prompts']} prompts (mean {s.get('prompt_tokens_mean', '?')} tokens), "
         f"max {s['max_new_tokens']} new tokens, temperature "
         f"{s['temperature']}, tree {s['tree']}; each prompt run {s.get('repeats', 1)}x per "
         "method, interleaved, median run kept.",

@@ -21,7 +21,7 @@ import torch
 
 from backend.config import TreeConfig
 from backend.engine import kv
-from backend.engine.device import device_sync
+from backend.engine.device import cpu_threads, device_sync
 from backend.engine.progress import drain
 from backend.engine.tree import DraftTree
 from backend.engine.verify import greedy_accept
@@ -29,6 +29,12 @@ from backend.engine.verify import greedy_accept
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
 REPEATS = 5
+# Fewer threads than the process has must make a round at least this much faster to be used.
+THREADS_GAIN = 1.05
+THREADS_SHAPE = TreeConfig()  # the round timed per thread count: the default fixed tree
+# A round at every thread this slow is bound by its arithmetic, not by handing ops to threads:
+# fewer threads are not timed.
+COMPUTE_BOUND_ROUND_S = 0.1
 # Cached costs whose plain step is this many times slower than one timed now were measured
 # while something else loaded the machine (an install, a build): their ratios are off too.
 BUSIER_FACTOR = 2.0
@@ -190,6 +196,57 @@ def measure_costs(
 ) -> CostModel:
     """``calibrate`` run to its end (callers that show no progress)."""
     return drain(calibrate(runner, drafter, shapes, context, repeats))
+
+
+def thread_counts(available: int) -> list[int]:
+    """The intra-op thread counts worth timing: one, the powers of two below ``available``,
+    and ``available`` itself."""
+    counts, count = {available}, 1
+    while count < available:
+        counts.add(count)
+        count *= 2
+    return sorted(counts)
+
+
+def fastest_round_threads(
+    runner,
+    drafter,
+    shape: TreeConfig = THREADS_SHAPE,
+    context: int = CALIBRATION_CONTEXT,
+    repeats: int = REPEATS,
+) -> int:
+    """How many CPU threads decoding rounds should run on: the count (up to the process's own)
+    at which a whole round of ``shape`` (a plain step without a drafter) is fastest.
+
+    A round multiplies a handful of rows at a time. On a small model every op is so short that
+    waking and joining threads for it costs more than the work they share, so fewer threads
+    (often one) are faster; a large model's rounds need every core. The prompt's prefill keeps
+    every thread whatever is chosen here. Counts are timed interleaved after an untimed pass,
+    fastest repeat kept; fewer threads win only by ``THREADS_GAIN``, and a compute-bound round
+    keeps every thread untimed."""
+    available = torch.get_num_threads()
+    counts = thread_counts(available)
+    if runner.device.type != "cpu" or len(counts) == 1:
+        return available
+    best = dict.fromkeys(counts, float("inf"))
+    with torch.inference_mode():
+        prompt, cache, step = _prefilled(runner, context, with_features=drafter is not None)
+
+        def round_s(count: int) -> float:
+            with cpu_threads(count):
+                if drafter is None:
+                    return _time_verify(runner, cache, _chain(1))
+                return _time_round(runner, drafter, cache, prompt, step, shape)
+
+        if round_s(available) > COMPUTE_BOUND_ROUND_S:
+            return available
+        for repeat in range(repeats + 1):
+            for count in counts:
+                seconds = round_s(count)
+                if repeat > 0:  # the first pass warms every count up
+                    best[count] = min(best[count], seconds)
+    fastest = min(counts, key=lambda count: best[count])
+    return fastest if best[fastest] * THREADS_GAIN < best[available] else available
 
 
 def plain_step_s(runner, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> float:

@@ -1,10 +1,13 @@
 """The one place that chooses the device a model runs on, knows about accelerator
-synchronisation (for honest timings) and names the hardware that timings were taken on."""
+synchronisation (for honest timings), names the hardware that timings were taken on, and sets
+how many CPU threads a stretch of work runs on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -50,3 +53,19 @@ def hardware_name(device: torch.device) -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{model or device.type}, {os.cpu_count()} cores"
+
+
+@contextlib.contextmanager
+def cpu_threads(count: int | None) -> Iterator[None]:
+    """Run the block on ``count`` intra-op CPU threads, then restore the previous count.
+    None or 0 leaves the count alone. Switching costs next to nothing, so callers can set a
+    count per stretch of work (the decoding rounds, not the prompt's prefill)."""
+    previous = torch.get_num_threads()
+    if not count or count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

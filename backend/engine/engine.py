@@ -21,6 +21,7 @@ from typing import Any
 from backend.config import GenerationConfig
 from backend.engine.autotune import LADDER, TreePolicy
 from backend.engine.calibration import CostModel, measure_costs
+from backend.engine.device import cpu_threads
 from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
 from backend.engine.stopping import ReplyText, StopSpec
@@ -38,6 +39,8 @@ class Engine:
     stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
     costs: CostModel | None = None  # device costs for tree auto-tuning, measured once
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
+    # CPU threads the decoding rounds run on, chosen at load (calibration.py); None: all
+    round_threads: int | None = None
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -47,7 +50,8 @@ class Engine:
         """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
         timed here, once, only for an engine built by hand. None without a drafter."""
         if self.costs is None and self.drafter is not None:
-            self.costs = measure_costs(self.runner, self.drafter, LADDER)
+            with cpu_threads(self.round_threads):
+                self.costs = measure_costs(self.runner, self.drafter, LADDER)
         return self.costs
 
     def tree_policy(self, sampled: bool = False) -> TreePolicy | None:
@@ -101,4 +105,5 @@ class Engine:
             stops=stops,
             stop=stop_check(config, stops, self.runner, prompt_tokens),
             reply=ReplyText(self.tokenizer, stops.strings) if self.tokenizer is not None else None,
+            round_threads=self.round_threads,
         )

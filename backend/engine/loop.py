@@ -24,7 +24,7 @@ from backend.config import GenerationConfig, TreeConfig
 from backend.engine import kv
 from backend.engine.autotune import TreePolicy
 from backend.engine.calibration import CostModel
-from backend.engine.device import now
+from backend.engine.device import cpu_threads, now
 from backend.engine.drafter import Drafter
 from backend.engine.sampling import make_generator, next_token
 from backend.engine.stats import SpecStats, explain
@@ -75,6 +75,7 @@ class Decoding:
     stop: StopCheck
     reply: ReplyText | None  # None without a tokenizer: no text
     generator: torch.Generator | None = None
+    round_threads: int | None = None  # CPU threads for the rounds; None: the process's own
     stats: SpecStats = field(default_factory=SpecStats)
     produced: list[int] = field(default_factory=list)
     stop_reason: StopReason | None = None
@@ -134,6 +135,10 @@ class Decoding:
     def round(self) -> RoundCompleted:
         """One verification round, emitted as its event."""
         self.read_prompt()  # a driver that did not read it after the prefill: here, then
+        with cpu_threads(self.round_threads):
+            return self._round()
+
+    def _round(self) -> RoundCompleted:
         device = self.target.device
         t0 = now(device)
         shape = self.config.tree if self.policy is None else self.policy.choose()

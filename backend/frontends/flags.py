@@ -80,6 +80,12 @@ FLAGS: dict[str, dict[str, Any]] = {
         "help": "the target's decoder projections: q/k/v and gate/up as one product each, every "
         "shape in the fastest CPU form timed at load (auto), or the model's own (stock), for A/B",
     },
+    "--round-threads": {
+        "type": int,
+        "default": 0,
+        "help": "CPU threads for the decoding rounds: 0 = the fastest count timed at load "
+        "(auto), N = N threads (the prefill always uses them all), for A/B",
+    },
 }
 
 MODEL_FLAGS = ("pair", "target", "gguf-file", "head")

@@ -23,7 +23,7 @@ from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 11  # bump when what calibrate() measures changes (or what it times got faster)
+COST_FORMAT = 12  # bump when what calibrate() measures changes (or what it times got faster)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 
@@ -51,9 +51,11 @@ def calibration_key(
     dtype: str,
     quantization: str,
     projections: str = "auto/auto",
+    round_threads: int = 0,
 ) -> dict:
     """Everything a measured cost depends on, as a JSON-ready dict. ``projections``: the
-    requested readout and decoder forms, ``"auto/auto"``."""
+    requested readout and decoder forms, ``"auto/auto"``; ``round_threads``: the requested
+    count (0 = auto). ``threads`` is the process's own count, the most a round may use."""
     return {
         "format": COST_FORMAT,
         "target": [str(Path(target_path).resolve()), files_fingerprint(target_path)],
@@ -63,6 +65,7 @@ def calibration_key(
         "quantization": quantization,
         "projections": projections,
         "threads": torch.get_num_threads(),
+        "round_threads": round_threads,
         "torch": torch.__version__,
         "context": CALIBRATION_CONTEXT,
         "sizes": list(MEASURED_SIZES),
@@ -75,13 +78,15 @@ def _entry(key: dict) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """What one load measured: the tuner's costs and the forms of the projections by name
-    ("target", "head" for the readouts, "decoder <shape>" for the decoder layers)."""
+    """What one load measured: the tuner's costs, the forms of the projections by name
+    ("target", "head" for the readouts, "decoder <shape>" for the decoder layers), the head's
+    precision and the rounds' thread count."""
 
     costs: CostModel
     forms: dict[str, Forms] = field(default_factory=dict)
     # the head's dtype: the target's ("target"), or "bfloat16" (backend/engine/head_precision.py)
     head_precision: str = "target"
+    round_threads: int = 0  # CPU threads the costs were timed on (0: not recorded)
 
     def to_json(self) -> dict:
         forms = {
@@ -92,6 +97,7 @@ class Calibration:
             "costs": self.costs.to_json(),
             "forms": forms,
             "head_precision": self.head_precision,
+            "round_threads": self.round_threads,
         }
 
     @classmethod
@@ -104,6 +110,7 @@ class Calibration:
             costs=CostModel.from_json(data["costs"]),
             forms=forms,
             head_precision=str(data.get("head_precision", "target")),
+            round_threads=int(data.get("round_threads", 0)),
         )
 
 

@@ -29,6 +29,7 @@ from backend.engine.calibration import (
     CostModel,
     calibrate,
     calibration_steps,
+    fastest_round_threads,
     plain_step_s,
     timed_busier,
 )
@@ -38,7 +39,7 @@ from backend.engine.decoder_projections import (
     projection_bytes,
     speed_up_decoder,
 )
-from backend.engine.device import choose_device
+from backend.engine.device import choose_device, cpu_threads
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.head_precision import choose_head_precision, precision_name
@@ -78,6 +79,7 @@ class LoadedPair:
         "stock"  # the CPU forms of the output projections (engine/projection_forms.py)
     )
     decoder_forms: str = "stock"  # the decoder projections' (engine/decoder_projections.py)
+    round_threads: int = 0  # CPU threads the decoding rounds run on
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
@@ -210,6 +212,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         dtype_name,
         config.quantization,
         f"{config.readout}/{config.decoder_forms}",
+        config.round_threads,
     )
     cached = calibration_cache.load(key) if drafter is not None else None
     if drafter is not None:  # before the projection forms: they are chosen per dtype
@@ -220,16 +223,18 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
-        costs, calibration_s = yield from calibrate_pair(
-            runner, drafter, key, cached, forms, head_precision
-        )
+        threads = round_threads(runner, drafter, config, cached)
+        with cpu_threads(threads):
+            costs, calibration_s = yield from calibrate_pair(
+                runner, drafter, key, cached, forms, head_precision, threads or 0
+            )
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
     info = replace(info, head_dtype="" if head_precision == "target" else head_precision)
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
-    engine = Engine(runner, drafter, tokenizer, stops, costs)
+    engine = Engine(runner, drafter, tokenizer, stops, costs, round_threads=threads)
     restored = drafter is not None and _resume_tuning(engine, key, calibration_s)
     if drafter is not None:
         info = replace(info, tree_tuning="resumed" if restored else "new")
@@ -245,9 +250,30 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
         decoder_forms=describe_decoder(forms),
+        round_threads=threads or torch.get_num_threads(),
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )
+
+
+def round_threads(
+    runner: TargetRunner,
+    drafter: EagleDrafter | None,
+    config: LoadConfig,
+    cached: calibration_cache.Calibration | None,
+) -> int | None:
+    """The CPU thread count for decoding rounds: as asked, as an earlier load of this pair
+    chose, or timed now (calibration.py). None (every thread) without a head, where the timing
+    would be paid at every load, or off the CPU."""
+    if config.round_threads:
+        return min(config.round_threads, torch.get_num_threads())
+    if drafter is None or runner.device.type != "cpu":
+        return None
+    if cached is not None and cached.round_threads:
+        return cached.round_threads
+    threads = fastest_round_threads(runner, drafter)
+    logger.info("decoding rounds run on %d of %d CPU threads", threads, torch.get_num_threads())
+    return threads
 
 
 def _drafting_precision(
@@ -369,13 +395,15 @@ def calibrate_pair(
     cached: calibration_cache.Calibration | None,
     forms: dict[str, Forms],
     head_precision: str = "target",
+    round_threads: int = 0,
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
     and saved with the projection forms they were measured with; measured again when a plain
     step now is far faster than the cached costs say (they were timed on a busy machine, and a
     policy priced by them picks the wrong trees). Returns the costs and the seconds spent
-    measuring (0 when cached). ``head_precision`` is saved with them (head_precision.py)."""
+    measuring (0 when cached). ``head_precision`` and ``round_threads`` are saved with them;
+    the caller runs this on the rounds' thread count."""
     if drafter is None:
         return None, 0.0
     message = "timing tree verification for the auto-tuner (once per model and machine)"
@@ -394,7 +422,9 @@ def calibrate_pair(
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start
-    calibration_cache.save(key, calibration_cache.Calibration(costs, forms, head_precision))
+    calibration_cache.save(
+        key, calibration_cache.Calibration(costs, forms, head_precision, round_threads)
+    )
     return costs, seconds
 
 

@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from backend.config import TreeConfig
-from backend.engine import kv
+from backend.engine import calibration, kv
 from backend.engine.autotune import LADDER
 from backend.engine.calibration import (
     MEASURED_SIZES,
     CostModel,
     calibrate,
     calibration_steps,
+    fastest_round_threads,
     measure_costs,
     smoothed_rounds,
+    thread_counts,
 )
 from tests.engine.helpers import make_runner
 from tests.factories import tiny_head, tiny_target
@@ -104,3 +106,62 @@ def test_calibration_leaves_the_model_usable_for_an_identical_generation() -> No
     after = runner.prefill(prompt, cache, with_features=False).logits[-1]
     assert torch.equal(before, after)
     assert kv.cache_length(cache) == prompt.numel()
+
+
+@pytest.mark.parametrize(
+    ("available", "counts"),
+    [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (16, [1, 2, 4, 8, 16])],
+)
+def test_thread_counts_timed_are_one_the_powers_of_two_and_all(available, counts) -> None:
+    assert thread_counts(available) == counts
+
+
+@pytest.fixture
+def four_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(previous)
+
+
+def rounds_timed_by_threads(monkeypatch, seconds_by_count: dict[int, float]) -> list[int]:
+    """Make every timed round take ``seconds_by_count[threads]``; returns the thread counts
+    the rounds were timed at."""
+    seen = []
+
+    def fake_round(*args) -> float:
+        seen.append(torch.get_num_threads())
+        return seconds_by_count[torch.get_num_threads()]
+
+    monkeypatch.setattr(calibration, "_time_round", fake_round)
+    return seen
+
+
+def test_rounds_run_on_the_thread_count_that_times_fastest(four_threads, monkeypatch) -> None:
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    seen = rounds_timed_by_threads(monkeypatch, {1: 0.004, 2: 0.003, 4: 0.005})
+    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 2
+    assert sorted(set(seen)) == [1, 2, 4]
+    assert torch.get_num_threads() == 4  # the process keeps its own count
+
+
+def test_fewer_threads_must_be_clearly_faster(four_threads, monkeypatch) -> None:
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    rounds_timed_by_threads(monkeypatch, {1: 0.0099, 2: 0.0099, 4: 0.01})
+    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 4
+
+
+def test_a_compute_bound_round_keeps_every_thread_untimed(four_threads, monkeypatch) -> None:
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    slow = 2 * calibration.COMPUTE_BOUND_ROUND_S
+    seen = rounds_timed_by_threads(monkeypatch, {1: slow / 4, 2: slow / 2, 4: slow})
+    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 4
+    assert seen == [4]
+
+
+def test_without_a_drafter_plain_steps_are_timed(four_threads) -> None:
+    runner, _ = make_runner(tiny_target())
+    assert fastest_round_threads(runner, None, context=8, repeats=1) in (1, 2, 4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.device import choose_device
+from backend.engine.device import choose_device, cpu_threads
 from backend.errors import ConfigError
 
 
@@ -28,3 +28,29 @@ def test_an_unknown_device_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="unknown device 'gpu0'") as caught:
         choose_device("gpu0")
     assert "cuda:1" in caught.value.hint
+
+
+@pytest.fixture
+def four_threads():
+    """The process on four intra-op threads for the test, restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_cpu_threads_sets_the_count_for_the_block_and_restores_it(four_threads) -> None:
+    with cpu_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 4
+    with pytest.raises(RuntimeError), cpu_threads(2):
+        assert torch.get_num_threads() == 2
+        raise RuntimeError("a failing round")
+    assert torch.get_num_threads() == 4
+
+
+@pytest.mark.parametrize("count", [None, 0, 4])
+def test_cpu_threads_without_a_new_count_leaves_it_alone(four_threads, count) -> None:
+    with cpu_threads(count):
+        assert torch.get_num_threads() == 4
+    assert torch.get_num_threads() == 4

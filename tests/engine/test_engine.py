@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
@@ -83,3 +85,34 @@ def test_the_first_token_is_out_before_the_heads_pass_over_the_prompt(monkeypatc
     assert rest[-1].summary.prompt_head_s > 0
     vanilla = summary_of(engine, GenerationConfig(mode="vanilla", max_new_tokens=12))
     assert vanilla.prompt_head_s == 0.0 and begun == [1]
+
+
+def test_rounds_run_on_the_engines_thread_count_and_the_prefill_on_all() -> None:
+    """The prompt's prefill keeps every thread; drafting and verification run on the engine's
+    round count; the process gets its own count back after every reply."""
+    target, head = easy_llama_pair()
+    runner, drafter = make_runner(target, head)
+    seen: list[tuple[int, int]] = []  # (tokens in the forward, threads)
+    target.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(
+            (kwargs["input_ids"].shape[-1], torch.get_num_threads())
+        ),
+        with_kwargs=True,
+    )
+    head_threads: list[int] = []
+    head.register_forward_pre_hook(lambda *_: head_threads.append(torch.get_num_threads()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        engine = Engine(runner, drafter, round_threads=1)
+        tree = TreeConfig(total_tokens=8, depth=3, top_k=2)
+        for mode in ("eagle", "vanilla"):
+            summary = summary_of(engine, GenerationConfig(mode=mode, max_new_tokens=12, tree=tree))
+            assert summary.rounds > 1
+            assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(previous)
+    prefills = [threads for tokens, threads in seen if tokens == len(PROMPT)]
+    rounds = [threads for tokens, threads in seen if tokens != len(PROMPT)]
+    assert prefills == [4, 4] and rounds and set(rounds) == {1}
+    assert head_threads and set(head_threads[1:]) == {1}  # [0]: its pass over the prompt

@@ -12,7 +12,8 @@ import torch
 from backend.config import LoadConfig
 from backend.engine.progress import drain
 from backend.engine.projection_forms import form_of
-from backend.services import calibration_cache
+from backend.errors import ConfigError
+from backend.services import calibration_cache, loading
 from backend.services.loading import load_steps, prepare
 
 
@@ -174,3 +175,42 @@ def test_the_head_precision_chosen_at_load_is_kept_and_shown(pair_on_disk, monke
     second, _ = load(pair_on_disk)
     assert len(timings) == 2 and second.calibration_s == 0.0
     assert second.engine.drafter.dtype == torch.bfloat16
+
+
+def test_the_rounds_thread_count_is_timed_once_and_kept_with_the_costs(
+    pair_on_disk, monkeypatch
+) -> None:
+    timed = []
+
+    def fake_choice(runner, drafter):
+        timed.append(torch.get_num_threads())
+        return 1
+
+    monkeypatch.setattr(loading, "fastest_round_threads", fake_choice)
+    first, _ = load(pair_on_disk)
+    assert timed and first.engine.round_threads == 1 and first.round_threads == 1
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    assert json.loads(entry.read_text())["round_threads"] == 1
+    second, _ = load(pair_on_disk)
+    assert len(timed) == 1 and second.calibration_s == 0.0
+    assert second.engine.round_threads == 1
+
+
+def test_an_asked_thread_count_is_used_untimed_and_cached_apart(pair_on_disk, monkeypatch) -> None:
+    monkeypatch.setattr(loading, "fastest_round_threads", lambda *_: pytest.fail("timed"))
+    config = LoadConfig(
+        target=str(pair_on_disk / "target"),
+        head=str(pair_on_disk / "head"),
+        dtype="float32",
+        round_threads=1,
+    )
+    pair = drain(load_steps(prepare(config, config.target, config.head)))
+    assert pair.engine.round_threads == 1 and pair.calibration_s > 0
+    (entry,) = calibration_cache.cache_dir().glob("*.json")
+    data = json.loads(entry.read_text())
+    assert data["key"]["round_threads"] == 1 and data["round_threads"] == 1
+
+
+def test_a_negative_thread_count_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="round threads"):
+        LoadConfig(target="t", round_threads=-1)
