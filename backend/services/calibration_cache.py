@@ -50,12 +50,12 @@ def calibration_key(
     device: torch.device,
     dtype: str,
     quantization: str,
-    projections: str = "auto/auto",
-    round_threads: int = 0,
+    requested: dict | None = None,
 ) -> dict:
-    """Everything a measured cost depends on, as a JSON-ready dict. ``projections``: the
-    requested readout and decoder forms, ``"auto/auto"``; ``round_threads``: the requested
-    count (0 = auto). ``threads`` is the process's own count, the most a round may use."""
+    """Everything a measured cost depends on, as a JSON-ready dict. ``requested``: the load
+    options the timings ran under, ``{"projections": "auto/auto", "round_threads": 0}`` by
+    default (the readout and decoder forms asked for; the rounds' thread count, 0 = auto).
+    ``threads`` is the process's own count, the most a round may use."""
     return {
         "format": COST_FORMAT,
         "target": [str(Path(target_path).resolve()), files_fingerprint(target_path)],
@@ -63,9 +63,10 @@ def calibration_key(
         "device": hardware_name(device),
         "dtype": dtype,
         "quantization": quantization,
-        "projections": projections,
+        "projections": "auto/auto",
+        "round_threads": 0,
+        **(requested or {}),
         "threads": torch.get_num_threads(),
-        "round_threads": round_threads,
         "torch": torch.__version__,
         "context": CALIBRATION_CONTEXT,
         "sizes": list(MEASURED_SIZES),

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -205,15 +206,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     if head is not None:
         head, drafter = bind_head(model, head, dtype)
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
-    key = calibration_cache.calibration_key(
-        prepared.target_path,
-        prepared.head_path,
-        runner.device,
-        dtype_name,
-        config.quantization,
-        f"{config.readout}/{config.decoder_forms}",
-        config.round_threads,
-    )
+    key = _calibration_key(prepared, runner.device, dtype_name)
     cached = calibration_cache.load(key) if drafter is not None else None
     if drafter is not None:  # before the projection forms: they are chosen per dtype
         head, drafter = _drafting_precision(model, runner, head, drafter, cached)
@@ -224,10 +217,14 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
         threads = round_threads(runner, drafter, config, cached)
+        record = partial(
+            calibration_cache.Calibration,
+            forms=forms,
+            head_precision=head_precision,
+            round_threads=threads or 0,
+        )
         with cpu_threads(threads):
-            costs, calibration_s = yield from calibrate_pair(
-                runner, drafter, key, cached, forms, head_precision, threads or 0
-            )
+            costs, calibration_s = yield from calibrate_pair(runner, drafter, key, cached, record)
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
@@ -253,6 +250,21 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         round_threads=threads or torch.get_num_threads(),
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
+    )
+
+
+def _calibration_key(prepared: PreparedLoad, device: torch.device, dtype_name: str) -> dict:
+    config = prepared.config
+    return calibration_cache.calibration_key(
+        prepared.target_path,
+        prepared.head_path,
+        device,
+        dtype_name,
+        config.quantization,
+        {
+            "projections": f"{config.readout}/{config.decoder_forms}",
+            "round_threads": config.round_threads,
+        },
     )
 
 
@@ -393,17 +405,16 @@ def calibrate_pair(
     drafter: EagleDrafter | None,
     key: dict,
     cached: calibration_cache.Calibration | None,
-    forms: dict[str, Forms],
-    head_precision: str = "target",
-    round_threads: int = 0,
+    record: Callable[[CostModel], calibration_cache.Calibration],
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
     and saved with the projection forms they were measured with; measured again when a plain
     step now is far faster than the cached costs say (they were timed on a busy machine, and a
     policy priced by them picks the wrong trees). Returns the costs and the seconds spent
-    measuring (0 when cached). ``head_precision`` and ``round_threads`` are saved with them;
-    the caller runs this on the rounds' thread count."""
+    measuring (0 when cached). ``record`` makes what is saved: the new costs with what the
+    load chose alongside (projection forms, head precision, round threads); the caller runs
+    this on the rounds' thread count."""
     if drafter is None:
         return None, 0.0
     message = "timing tree verification for the auto-tuner (once per model and machine)"
@@ -422,9 +433,7 @@ def calibrate_pair(
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start
-    calibration_cache.save(
-        key, calibration_cache.Calibration(costs, forms, head_precision, round_threads)
-    )
+    calibration_cache.save(key, record(costs))
     return costs, seconds
 
 
