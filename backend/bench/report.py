@@ -159,11 +159,18 @@ def why_slow(result: BenchResult, eagle: MethodSummary) -> str:
 
 
 def _round_threads(settings: dict) -> str:
-    """ ", decoding rounds on N threads" where the rounds ran on fewer threads than the rest."""
+    """Where plain steps or drafted rounds ran on other thread counts than the machine line's:
+    ", plain steps on P threads, drafted rounds on D"."""
     threads = settings.get("round_threads")
-    if not threads or f"{threads} torch threads" in settings.get("machine", ""):
+    if not isinstance(threads, dict):
         return ""
-    return f", decoding rounds on {threads} thread{'s' if threads > 1 else ''}"
+    plain, drafted = threads.get("plain"), threads.get("drafted")
+    machine = settings.get("machine", "")
+    if not plain or not drafted:
+        return ""
+    if all(f" {n} torch threads" in machine for n in (plain, drafted)):
+        return ""
+    return f", plain steps on {plain} thread(s), drafted rounds on {drafted}"
 
 
 def to_markdown(result: BenchResult, summaries: dict[str, MethodSummary], command: str) -> str:

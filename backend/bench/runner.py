@@ -261,7 +261,7 @@ def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
         "tuning_restored": pair.tuning_restored,
         "readout": pair.readout_forms,
         "decoder_forms": pair.decoder_forms,
-        "round_threads": pair.round_threads,
+        "round_threads": pair.round_threads.to_json(),
         "head_precision": pair.info.head_dtype or "target",
     }
 

@@ -208,45 +208,79 @@ def thread_counts(available: int) -> list[int]:
     return sorted(counts)
 
 
+@dataclass(frozen=True, slots=True)
+class RoundThreads:
+    """CPU threads for plain steps (one token) and for drafted rounds (a tree or a chain);
+    None leaves the process's own count."""
+
+    plain: int | None = None
+    drafted: int | None = None
+
+    def of(self, drafted: bool) -> int | None:
+        return self.drafted if drafted else self.plain
+
+    def to_json(self) -> dict:
+        return {"plain": self.plain or 0, "drafted": self.drafted or 0}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> RoundThreads | None:
+        """None for a record without both counts (an older cache entry)."""
+        if not isinstance(data, dict) or not data.get("plain") or not data.get("drafted"):
+            return None
+        return cls(int(data["plain"]), int(data["drafted"]))
+
+
 def fastest_round_threads(
     runner,
     drafter,
     shape: TreeConfig = THREADS_SHAPE,
     context: int = CALIBRATION_CONTEXT,
     repeats: int = REPEATS,
-) -> int:
-    """How many CPU threads decoding rounds should run on: the count (up to the process's own)
-    at which a whole round of ``shape`` (a plain step without a drafter) is fastest.
+) -> RoundThreads:
+    """How many CPU threads decoding rounds should run on: for plain steps and for whole rounds
+    of ``shape``, the count (up to the process's own) at which each is fastest.
 
-    A round multiplies a handful of rows at a time. On a small model every op is so short that
-    waking and joining threads for it costs more than the work they share, so fewer threads
-    (often one) are faster; a large model's rounds need every core. The prompt's prefill keeps
-    every thread whatever is chosen here. Counts are timed interleaved after an untimed pass,
-    fastest repeat kept; fewer threads win only by ``THREADS_GAIN``, and a compute-bound round
-    keeps every thread untimed."""
+    A drafted round multiplies a handful of rows at a time. On a small model every op is so
+    short that waking and joining threads for it can cost more than the work they share, so
+    fewer threads (often one) are faster, while a plain step, which streams every weight for
+    one row, may still gain from a second thread; a large model's rounds need every core. The
+    prompt's prefill keeps every thread whatever is chosen here. Counts are timed interleaved
+    after an untimed pass, fastest repeat kept; fewer threads win only by ``THREADS_GAIN``, and
+    a compute-bound round keeps every thread untimed."""
     available = torch.get_num_threads()
     counts = thread_counts(available)
-    if runner.device.type != "cpu" or len(counts) == 1:
-        return available
-    best = dict.fromkeys(counts, float("inf"))
+    everything = RoundThreads(available, available)
+    if runner.device.type != "cpu" or len(counts) == 1 or drafter is None:
+        return everything
+    plain = dict.fromkeys(counts, float("inf"))
+    drafted = dict.fromkeys(counts, float("inf"))
     with torch.inference_mode():
-        prompt, cache, step = _prefilled(runner, context, with_features=drafter is not None)
+        prompt, cache, step = _prefilled(runner, context, with_features=True)
 
         def round_s(count: int) -> float:
             with cpu_threads(count):
-                if drafter is None:
-                    return _time_verify(runner, cache, _chain(1))
                 return _time_round(runner, drafter, cache, prompt, step, shape)
 
+        def plain_s(count: int) -> float:
+            with cpu_threads(count):
+                return _time_verify(runner, cache, _chain(1))
+
         if round_s(available) > COMPUTE_BOUND_ROUND_S:
-            return available
+            return everything
         for repeat in range(repeats + 1):
             for count in counts:
-                seconds = round_s(count)
+                seconds = round_s(count), plain_s(count)
                 if repeat > 0:  # the first pass warms every count up
-                    best[count] = min(best[count], seconds)
-    fastest = min(counts, key=lambda count: best[count])
-    return fastest if best[fastest] * THREADS_GAIN < best[available] else available
+                    drafted[count] = min(drafted[count], seconds[0])
+                    plain[count] = min(plain[count], seconds[1])
+    return RoundThreads(_fewest_clearly_faster(plain), _fewest_clearly_faster(drafted))
+
+
+def _fewest_clearly_faster(best: dict[int, float]) -> int:
+    """The fastest count, where it beats the most threads by ``THREADS_GAIN``; else the most."""
+    most = max(best)
+    fastest = min(best, key=lambda count: best[count])
+    return fastest if best[fastest] * THREADS_GAIN < best[most] else most
 
 
 def plain_step_s(runner, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> float:

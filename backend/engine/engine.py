@@ -20,7 +20,7 @@ from typing import Any
 
 from backend.config import GenerationConfig
 from backend.engine.autotune import LADDER, TreePolicy
-from backend.engine.calibration import CostModel, measure_costs
+from backend.engine.calibration import CostModel, RoundThreads, measure_costs
 from backend.engine.device import cpu_threads
 from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
@@ -39,8 +39,8 @@ class Engine:
     stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
     costs: CostModel | None = None  # device costs for tree auto-tuning, measured once
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
-    # CPU threads the decoding rounds run on, chosen at load (calibration.py); None: all
-    round_threads: int | None = None
+    # CPU threads plain steps and drafted rounds run on, chosen at load (calibration.py)
+    round_threads: RoundThreads | None = None
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -50,7 +50,8 @@ class Engine:
         """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
         timed here, once, only for an engine built by hand. None without a drafter."""
         if self.costs is None and self.drafter is not None:
-            with cpu_threads(self.round_threads):
+            threads = self.round_threads.drafted if self.round_threads is not None else None
+            with cpu_threads(threads):
                 self.costs = measure_costs(self.runner, self.drafter, LADDER)
         return self.costs
 

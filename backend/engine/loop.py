@@ -23,7 +23,7 @@ import torch
 from backend.config import GenerationConfig, TreeConfig
 from backend.engine import kv
 from backend.engine.autotune import TreePolicy
-from backend.engine.calibration import CostModel
+from backend.engine.calibration import CostModel, RoundThreads
 from backend.engine.device import cpu_threads, now
 from backend.engine.drafter import Drafter
 from backend.engine.sampling import make_generator, next_token
@@ -75,7 +75,7 @@ class Decoding:
     stop: StopCheck
     reply: ReplyText | None  # None without a tokenizer: no text
     generator: torch.Generator | None = None
-    round_threads: int | None = None  # CPU threads for the rounds; None: the process's own
+    round_threads: RoundThreads | None = None  # CPU threads per kind of round; None: all
     stats: SpecStats = field(default_factory=SpecStats)
     produced: list[int] = field(default_factory=list)
     stop_reason: StopReason | None = None
@@ -135,13 +135,15 @@ class Decoding:
     def round(self) -> RoundCompleted:
         """One verification round, emitted as its event."""
         self.read_prompt()  # a driver that did not read it after the prefill: here, then
-        with cpu_threads(self.round_threads):
-            return self._round()
-
-    def _round(self) -> RoundCompleted:
-        device = self.target.device
-        t0 = now(device)
+        t0 = now(self.target.device)
         shape = self.config.tree if self.policy is None else self.policy.choose()
+        drafted = self.drafter is not None and shape is not None
+        threads = self.round_threads.of(drafted) if self.round_threads is not None else None
+        with cpu_threads(threads):
+            return self._round(t0, shape)
+
+    def _round(self, t0: float, shape: TreeConfig | None) -> RoundCompleted:
+        device = self.target.device
         tree = self._draft(shape)  # 1. a tree rooted at the last token
         t1 = now(device)
         committed = kv.cache_length(self.cache)  # 2. verify every node in one forward

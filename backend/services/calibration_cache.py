@@ -16,7 +16,12 @@ from pathlib import Path
 
 import torch
 
-from backend.engine.calibration import CALIBRATION_CONTEXT, MEASURED_SIZES, CostModel
+from backend.engine.calibration import (
+    CALIBRATION_CONTEXT,
+    MEASURED_SIZES,
+    CostModel,
+    RoundThreads,
+)
 from backend.engine.device import hardware_name
 from backend.engine.projection_forms import Forms
 from backend.services.cache_home import cache_home, key_digest
@@ -87,7 +92,8 @@ class Calibration:
     forms: dict[str, Forms] = field(default_factory=dict)
     # the head's dtype: the target's ("target"), or "bfloat16" (backend/engine/head_precision.py)
     head_precision: str = "target"
-    round_threads: int = 0  # CPU threads the costs were timed on (0: not recorded)
+    # CPU threads of plain steps and drafted rounds (the costs were timed on the latter)
+    round_threads: RoundThreads | None = None
 
     def to_json(self) -> dict:
         forms = {
@@ -98,7 +104,7 @@ class Calibration:
             "costs": self.costs.to_json(),
             "forms": forms,
             "head_precision": self.head_precision,
-            "round_threads": self.round_threads,
+            "round_threads": self.round_threads and self.round_threads.to_json(),
         }
 
     @classmethod
@@ -111,7 +117,7 @@ class Calibration:
             costs=CostModel.from_json(data["costs"]),
             forms=forms,
             head_precision=str(data.get("head_precision", "target")),
-            round_threads=int(data.get("round_threads", 0)),
+            round_threads=RoundThreads.from_json(data.get("round_threads")),
         )
 
 

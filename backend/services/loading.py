@@ -28,6 +28,7 @@ from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import LADDER
 from backend.engine.calibration import (
     CostModel,
+    RoundThreads,
     calibrate,
     calibration_steps,
     fastest_round_threads,
@@ -80,7 +81,7 @@ class LoadedPair:
         "stock"  # the CPU forms of the output projections (engine/projection_forms.py)
     )
     decoder_forms: str = "stock"  # the decoder projections' (engine/decoder_projections.py)
-    round_threads: int = 0  # CPU threads the decoding rounds run on
+    round_threads: RoundThreads = RoundThreads()  # CPU threads of plain steps, drafted rounds
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
 
@@ -221,9 +222,9 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
             calibration_cache.Calibration,
             forms=forms,
             head_precision=head_precision,
-            round_threads=threads or 0,
+            round_threads=threads,
         )
-        with cpu_threads(threads):
+        with cpu_threads(threads.drafted if threads is not None else None):
             costs, calibration_s = yield from calibrate_pair(runner, drafter, key, cached, record)
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
@@ -247,7 +248,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
         decoder_forms=describe_decoder(forms),
-        round_threads=threads or torch.get_num_threads(),
+        round_threads=threads or RoundThreads(torch.get_num_threads(), torch.get_num_threads()),
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )
@@ -273,18 +274,24 @@ def round_threads(
     drafter: EagleDrafter | None,
     config: LoadConfig,
     cached: calibration_cache.Calibration | None,
-) -> int | None:
-    """The CPU thread count for decoding rounds: as asked, as an earlier load of this pair
-    chose, or timed now (calibration.py). None (every thread) without a head, where the timing
-    would be paid at every load, or off the CPU."""
+) -> RoundThreads | None:
+    """The CPU thread counts for plain steps and drafted rounds: as asked (both), as an earlier
+    load of this pair chose, or timed now (calibration.py). None (every thread) without a head,
+    where the timing would be paid at every load, or off the CPU."""
     if config.round_threads:
-        return min(config.round_threads, torch.get_num_threads())
+        count = min(config.round_threads, torch.get_num_threads())
+        return RoundThreads(count, count)
     if drafter is None or runner.device.type != "cpu":
         return None
-    if cached is not None and cached.round_threads:
+    if cached is not None and cached.round_threads is not None:
         return cached.round_threads
     threads = fastest_round_threads(runner, drafter)
-    logger.info("decoding rounds run on %d of %d CPU threads", threads, torch.get_num_threads())
+    logger.info(
+        "plain steps run on %d, drafted rounds on %d of %d CPU threads",
+        threads.plain,
+        threads.drafted,
+        torch.get_num_threads(),
+    )
     return threads
 
 

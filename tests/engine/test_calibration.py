@@ -12,6 +12,7 @@ from backend.engine.autotune import LADDER
 from backend.engine.calibration import (
     MEASURED_SIZES,
     CostModel,
+    RoundThreads,
     calibrate,
     calibration_steps,
     fastest_round_threads,
@@ -124,44 +125,69 @@ def four_threads():
     torch.set_num_threads(previous)
 
 
-def rounds_timed_by_threads(monkeypatch, seconds_by_count: dict[int, float]) -> list[int]:
-    """Make every timed round take ``seconds_by_count[threads]``; returns the thread counts
-    the rounds were timed at."""
+def forwards_timed_by_threads(
+    monkeypatch, round_s: dict[int, float], plain_s: dict[int, float]
+) -> list[tuple[str, int]]:
+    """Make every timed round take ``round_s[threads]`` and every plain step ``plain_s[threads]``;
+    returns what was timed at which thread count."""
     seen = []
 
     def fake_round(*args) -> float:
-        seen.append(torch.get_num_threads())
-        return seconds_by_count[torch.get_num_threads()]
+        seen.append(("round", torch.get_num_threads()))
+        return round_s[torch.get_num_threads()]
+
+    def fake_plain(*args) -> float:
+        seen.append(("plain", torch.get_num_threads()))
+        return plain_s[torch.get_num_threads()]
 
     monkeypatch.setattr(calibration, "_time_round", fake_round)
+    monkeypatch.setattr(calibration, "_time_verify", fake_plain)
     return seen
 
 
-def test_rounds_run_on_the_thread_count_that_times_fastest(four_threads, monkeypatch) -> None:
+def runner_and_drafter():
     target = tiny_target()
-    runner, drafter = make_runner(target, tiny_head("eagle3", target))
-    seen = rounds_timed_by_threads(monkeypatch, {1: 0.004, 2: 0.003, 4: 0.005})
-    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 2
-    assert sorted(set(seen)) == [1, 2, 4]
+    return make_runner(target, tiny_head("eagle3", target))
+
+
+def test_plain_steps_and_rounds_each_get_their_fastest_thread_count(
+    four_threads, monkeypatch
+) -> None:
+    seen = forwards_timed_by_threads(
+        monkeypatch, round_s={1: 0.004, 2: 0.003, 4: 0.005}, plain_s={1: 0.003, 2: 0.002, 4: 0.001}
+    )
+    threads = fastest_round_threads(*runner_and_drafter(), context=8, repeats=2)
+    assert threads == RoundThreads(plain=4, drafted=2)
+    assert threads.of(drafted=True) == 2 and threads.of(drafted=False) == 4
+    assert {count for kind, count in seen if kind == "round"} == {1, 2, 4}
+    assert {count for kind, count in seen if kind == "plain"} == {1, 2, 4}
     assert torch.get_num_threads() == 4  # the process keeps its own count
 
 
 def test_fewer_threads_must_be_clearly_faster(four_threads, monkeypatch) -> None:
-    target = tiny_target()
-    runner, drafter = make_runner(target, tiny_head("eagle3", target))
-    rounds_timed_by_threads(monkeypatch, {1: 0.0099, 2: 0.0099, 4: 0.01})
-    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 4
+    near = {1: 0.0099, 2: 0.0099, 4: 0.01}
+    forwards_timed_by_threads(monkeypatch, round_s=near, plain_s=near)
+    threads = fastest_round_threads(*runner_and_drafter(), context=8, repeats=2)
+    assert threads == RoundThreads(4, 4)
 
 
 def test_a_compute_bound_round_keeps_every_thread_untimed(four_threads, monkeypatch) -> None:
-    target = tiny_target()
-    runner, drafter = make_runner(target, tiny_head("eagle3", target))
     slow = 2 * calibration.COMPUTE_BOUND_ROUND_S
-    seen = rounds_timed_by_threads(monkeypatch, {1: slow / 4, 2: slow / 2, 4: slow})
-    assert fastest_round_threads(runner, drafter, context=8, repeats=2) == 4
-    assert seen == [4]
+    timings = {1: slow / 4, 2: slow / 2, 4: slow}
+    seen = forwards_timed_by_threads(monkeypatch, round_s=timings, plain_s=timings)
+    assert fastest_round_threads(*runner_and_drafter(), context=8, repeats=2) == RoundThreads(4, 4)
+    assert seen == [("round", 4)]
 
 
-def test_without_a_drafter_plain_steps_are_timed(four_threads) -> None:
+def test_without_a_drafter_every_thread_is_kept_untimed(four_threads, monkeypatch) -> None:
+    seen = forwards_timed_by_threads(monkeypatch, round_s={}, plain_s={})
     runner, _ = make_runner(tiny_target())
-    assert fastest_round_threads(runner, None, context=8, repeats=1) in (1, 2, 4)
+    assert fastest_round_threads(runner, None, context=8, repeats=1) == RoundThreads(4, 4)
+    assert not seen
+
+
+def test_round_threads_round_trip_through_json() -> None:
+    threads = RoundThreads(plain=2, drafted=1)
+    assert RoundThreads.from_json(threads.to_json()) == threads
+    assert RoundThreads.from_json(None) is None
+    assert RoundThreads.from_json({"plain": 2, "drafted": 0}) is None

@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
+from backend.engine.calibration import RoundThreads
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
 from backend.events import Finished, RoundCompleted
@@ -88,8 +89,8 @@ def test_the_first_token_is_out_before_the_heads_pass_over_the_prompt(monkeypatc
 
 
 def test_rounds_run_on_the_engines_thread_count_and_the_prefill_on_all() -> None:
-    """The prompt's prefill keeps every thread; drafting and verification run on the engine's
-    round count; the process gets its own count back after every reply."""
+    """The prompt's prefill keeps every thread; drafted rounds and plain steps run on the
+    engine's counts for each; the process gets its own count back after every reply."""
     target, head = easy_llama_pair()
     runner, drafter = make_runner(target, head)
     seen: list[tuple[int, int]] = []  # (tokens in the forward, threads)
@@ -104,7 +105,7 @@ def test_rounds_run_on_the_engines_thread_count_and_the_prefill_on_all() -> None
     previous = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        engine = Engine(runner, drafter, round_threads=1)
+        engine = Engine(runner, drafter, round_threads=RoundThreads(plain=2, drafted=1))
         tree = TreeConfig(total_tokens=8, depth=3, top_k=2)
         for mode in ("eagle", "vanilla"):
             summary = summary_of(engine, GenerationConfig(mode=mode, max_new_tokens=12, tree=tree))
@@ -113,6 +114,7 @@ def test_rounds_run_on_the_engines_thread_count_and_the_prefill_on_all() -> None
     finally:
         torch.set_num_threads(previous)
     prefills = [threads for tokens, threads in seen if tokens == len(PROMPT)]
-    rounds = [threads for tokens, threads in seen if tokens != len(PROMPT)]
-    assert prefills == [4, 4] and rounds and set(rounds) == {1}
+    plain = [threads for tokens, threads in seen if tokens == 1]
+    drafted = [threads for tokens, threads in seen if tokens not in (1, len(PROMPT))]
+    assert prefills == [4, 4] and set(plain) == {2} and set(drafted) == {1}
     assert head_threads and set(head_threads[1:]) == {1}  # [0]: its pass over the prompt

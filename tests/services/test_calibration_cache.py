@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from backend.config import LoadConfig
+from backend.engine.calibration import RoundThreads
 from backend.engine.progress import drain
 from backend.engine.projection_forms import form_of
 from backend.errors import ConfigError
@@ -184,16 +185,16 @@ def test_the_rounds_thread_count_is_timed_once_and_kept_with_the_costs(
 
     def fake_choice(runner, drafter):
         timed.append(torch.get_num_threads())
-        return 1
+        return RoundThreads(plain=3, drafted=1)
 
     monkeypatch.setattr(loading, "fastest_round_threads", fake_choice)
     first, _ = load(pair_on_disk)
-    assert timed and first.engine.round_threads == 1 and first.round_threads == 1
+    assert timed and first.engine.round_threads == first.round_threads == RoundThreads(3, 1)
     (entry,) = calibration_cache.cache_dir().glob("*.json")
-    assert json.loads(entry.read_text())["round_threads"] == 1
+    assert json.loads(entry.read_text())["round_threads"] == {"plain": 3, "drafted": 1}
     second, _ = load(pair_on_disk)
     assert len(timed) == 1 and second.calibration_s == 0.0
-    assert second.engine.round_threads == 1
+    assert second.engine.round_threads == RoundThreads(3, 1)
 
 
 def test_an_asked_thread_count_is_used_untimed_and_cached_apart(pair_on_disk, monkeypatch) -> None:
@@ -205,10 +206,11 @@ def test_an_asked_thread_count_is_used_untimed_and_cached_apart(pair_on_disk, mo
         round_threads=1,
     )
     pair = drain(load_steps(prepare(config, config.target, config.head)))
-    assert pair.engine.round_threads == 1 and pair.calibration_s > 0
+    assert pair.engine.round_threads == RoundThreads(1, 1) and pair.calibration_s > 0
     (entry,) = calibration_cache.cache_dir().glob("*.json")
     data = json.loads(entry.read_text())
-    assert data["key"]["round_threads"] == 1 and data["round_threads"] == 1
+    assert data["key"]["round_threads"] == 1
+    assert data["round_threads"] == {"plain": 1, "drafted": 1}
 
 
 def test_a_negative_thread_count_is_a_clear_error() -> None:
