@@ -18,7 +18,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # Measured tree costs go to a per-session folder, never into the user's ~/.cache.
 os.environ.setdefault("EAGLECHAT_CACHE_DIR", tempfile.mkdtemp(prefix="eaglechat-test-cache-"))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # Tiny models are fastest on one thread, and several threads fight each other on 2 cores.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def four_threads():
+    """The process on four intra-op threads for the test, restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(previous)

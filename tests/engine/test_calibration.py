@@ -117,14 +117,6 @@ def test_thread_counts_timed_are_one_the_powers_of_two_and_all(available, counts
     assert thread_counts(available) == counts
 
 
-@pytest.fixture
-def four_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(4)
-    yield
-    torch.set_num_threads(previous)
-
-
 def forwards_timed_by_threads(
     monkeypatch, round_s: dict[int, float], plain_s: dict[int, float]
 ) -> list[tuple[str, int]]:

@@ -30,15 +30,6 @@ def test_an_unknown_device_is_a_clear_error() -> None:
     assert "cuda:1" in caught.value.hint
 
 
-@pytest.fixture
-def four_threads():
-    """The process on four intra-op threads for the test, restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(4)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_cpu_threads_sets_the_count_for_the_block_and_restores_it(four_threads) -> None:
     with cpu_threads(1):
         assert torch.get_num_threads() == 1
