@@ -116,10 +116,13 @@ def calibrate(
     shapes: Sequence[TreeConfig] = (),
     context: int = CALIBRATION_CONTEXT,
     repeats: int = REPEATS,
+    threads: RoundThreads | None = None,
 ) -> Generator[int, None, CostModel]:
     """Time target forwards of each candidate width (branching trees and chains), head steps and
     whole rounds of ``shapes`` on this device, yielding the number of measurements done after
-    each one. Costs are made non-decreasing in the number of tokens (more never costs less)."""
+    each one. Costs are made non-decreasing in the number of tokens (more never costs less).
+    With ``threads``, one-token forwards (plain steps) are timed on the plain count and the rest
+    on the drafted one, as the engine runs them."""
     forwards: list[tuple[dict[int, float], int, DraftTree]] = []
     verify_s: dict[int, float] = {}
     chain_verify_s: dict[int, float] = {}
@@ -128,13 +131,17 @@ def calibrate(
     steps = {2: float("inf"), 1: float("inf")}  # top_k -> one head step
     rounds = {shape.label(): float("inf") for shape in shapes}
     done = 0
-    with torch.inference_mode():
+    threads = threads or RoundThreads()
+    with torch.inference_mode(), cpu_threads(threads.drafted):
         prompt, cache, step = _prefilled(runner, context, with_features=drafter is not None)
         for _, _, tree in (forwards[0], forwards[-1]):  # warm-up, untimed
-            _time_verify(runner, cache, tree)
+            with cpu_threads(threads.of(drafted=tree.size > 1)):
+                _time_verify(runner, cache, tree)
         for _ in range(repeats):
             for table, size, tree in forwards:
-                table[size] = min(table.get(size, float("inf")), _time_verify(runner, cache, tree))
+                with cpu_threads(threads.of(drafted=size > 1)):
+                    seconds = _time_verify(runner, cache, tree)
+                table[size] = min(table.get(size, float("inf")), seconds)
                 done += 1
                 yield done
             if drafter is None:
@@ -193,9 +200,10 @@ def measure_costs(
     shapes: Sequence[TreeConfig] = (),
     context: int = CALIBRATION_CONTEXT,
     repeats: int = REPEATS,
+    threads: RoundThreads | None = None,
 ) -> CostModel:
     """``calibrate`` run to its end (callers that show no progress)."""
-    return drain(calibrate(runner, drafter, shapes, context, repeats))
+    return drain(calibrate(runner, drafter, shapes, context, repeats, threads))
 
 
 def thread_counts(available: int) -> list[int]:

@@ -21,7 +21,6 @@ from typing import Any
 from backend.config import GenerationConfig
 from backend.engine.autotune import LADDER, TreePolicy
 from backend.engine.calibration import CostModel, RoundThreads, measure_costs
-from backend.engine.device import cpu_threads
 from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
 from backend.engine.stopping import ReplyText, StopSpec
@@ -50,9 +49,9 @@ class Engine:
         """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
         timed here, once, only for an engine built by hand. None without a drafter."""
         if self.costs is None and self.drafter is not None:
-            threads = self.round_threads.drafted if self.round_threads is not None else None
-            with cpu_threads(threads):
-                self.costs = measure_costs(self.runner, self.drafter, LADDER)
+            self.costs = measure_costs(
+                self.runner, self.drafter, LADDER, threads=self.round_threads
+            )
         return self.costs
 
     def tree_policy(self, sampled: bool = False) -> TreePolicy | None:

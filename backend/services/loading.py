@@ -224,8 +224,9 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
             head_precision=head_precision,
             round_threads=threads,
         )
-        with cpu_threads(threads.drafted if threads is not None else None):
-            costs, calibration_s = yield from calibrate_pair(runner, drafter, key, cached, record)
+        costs, calibration_s = yield from calibrate_pair(
+            runner, drafter, key, cached, record, threads
+        )
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
@@ -413,6 +414,7 @@ def calibrate_pair(
     key: dict,
     cached: calibration_cache.Calibration | None,
     record: Callable[[CostModel], calibration_cache.Calibration],
+    threads: RoundThreads | None = None,
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
@@ -420,13 +422,15 @@ def calibrate_pair(
     step now is far faster than the cached costs say (they were timed on a busy machine, and a
     policy priced by them picks the wrong trees). Returns the costs and the seconds spent
     measuring (0 when cached). ``record`` makes what is saved: the new costs with what the
-    load chose alongside (projection forms, head precision, round threads); the caller runs
-    this on the rounds' thread count."""
+    load chose alongside (projection forms, head precision, round threads); everything is timed
+    on the ``threads`` the engine will run each kind of round on."""
     if drafter is None:
         return None, 0.0
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     if cached is not None:
-        if not timed_busier(cached.costs, plain_step_s(runner)):
+        with cpu_threads(threads.plain if threads is not None else None):
+            plain_now_s = plain_step_s(runner)
+        if not timed_busier(cached.costs, plain_now_s):
             yield Progress(
                 "calibrate", 1, 1, "steps", "tree costs for this machine read from cache"
             )
@@ -436,7 +440,7 @@ def calibrate_pair(
     total = calibration_steps(has_drafter=True, shapes=LADDER)
     start = time.perf_counter()
     costs = yield from relay(
-        calibrate(runner, drafter, LADDER),
+        calibrate(runner, drafter, LADDER, threads=threads),
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start

@@ -183,3 +183,24 @@ def test_round_threads_round_trip_through_json() -> None:
     assert RoundThreads.from_json(threads.to_json()) == threads
     assert RoundThreads.from_json(None) is None
     assert RoundThreads.from_json({"plain": 2, "drafted": 0}) is None
+
+
+def test_costs_are_timed_on_the_thread_counts_each_kind_of_round_runs_on(
+    four_threads, monkeypatch
+) -> None:
+    runner, drafter = runner_and_drafter()
+    seen: list[tuple[str, int]] = []
+    timed_verify = calibration._time_verify
+
+    def spy_verify(runner, cache, tree):
+        seen.append(("plain" if tree.size == 1 else "forward", torch.get_num_threads()))
+        return timed_verify(runner, cache, tree)
+
+    monkeypatch.setattr(calibration, "_time_verify", spy_verify)
+    costs = measure_costs(
+        runner, drafter, LADDER[:2], context=8, repeats=1, threads=RoundThreads(2, 1)
+    )
+    assert costs.verify(1) > 0
+    assert {count for kind, count in seen if kind == "plain"} == {2}
+    assert {count for kind, count in seen if kind == "forward"} == {1}
+    assert torch.get_num_threads() == 4
