@@ -227,6 +227,10 @@ class RoundThreads:
     def of(self, drafted: bool) -> int | None:
         return self.drafted if drafted else self.plain
 
+    def resolved(self, available: int) -> RoundThreads:
+        """Both counts spelled out: an unset one is ``available``, the process's own."""
+        return RoundThreads(self.plain or available, self.drafted or available)
+
     def to_json(self) -> dict:
         return {"plain": self.plain or 0, "drafted": self.drafted or 0}
 

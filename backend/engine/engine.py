@@ -39,7 +39,7 @@ class Engine:
     costs: CostModel | None = None  # device costs for tree auto-tuning, measured once
     policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
     # CPU threads plain steps and drafted rounds run on, chosen at load (calibration.py)
-    round_threads: RoundThreads | None = None
+    round_threads: RoundThreads = RoundThreads()
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

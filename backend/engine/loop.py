@@ -75,7 +75,7 @@ class Decoding:
     stop: StopCheck
     reply: ReplyText | None  # None without a tokenizer: no text
     generator: torch.Generator | None = None
-    round_threads: RoundThreads | None = None  # CPU threads per kind of round; None: all
+    round_threads: RoundThreads = RoundThreads()  # CPU threads per kind of round
     stats: SpecStats = field(default_factory=SpecStats)
     produced: list[int] = field(default_factory=list)
     stop_reason: StopReason | None = None
@@ -138,8 +138,7 @@ class Decoding:
         t0 = now(self.target.device)
         shape = self.config.tree if self.policy is None else self.policy.choose()
         drafted = self.drafter is not None and shape is not None
-        threads = self.round_threads.of(drafted) if self.round_threads is not None else None
-        with cpu_threads(threads):
+        with cpu_threads(self.round_threads.of(drafted)):
             return self._round(t0, shape)
 
     def _round(self, t0: float, shape: TreeConfig | None) -> RoundCompleted:

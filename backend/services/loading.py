@@ -249,7 +249,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
         decoder_forms=describe_decoder(forms),
-        round_threads=threads or RoundThreads(torch.get_num_threads(), torch.get_num_threads()),
+        round_threads=threads.resolved(torch.get_num_threads()),
         tuning_key=key if drafter is not None else None,
         tuning_restored=restored,
     )
@@ -275,15 +275,15 @@ def round_threads(
     drafter: EagleDrafter | None,
     config: LoadConfig,
     cached: calibration_cache.Calibration | None,
-) -> RoundThreads | None:
+) -> RoundThreads:
     """The CPU thread counts for plain steps and drafted rounds: as asked (both), as an earlier
-    load of this pair chose, or timed now (calibration.py). None (every thread) without a head,
-    where the timing would be paid at every load, or off the CPU."""
+    load of this pair chose, or timed now (calibration.py). Neither set (every thread) without a
+    head, where the timing would be paid at every load, or off the CPU."""
     if config.round_threads:
         count = min(config.round_threads, torch.get_num_threads())
         return RoundThreads(count, count)
     if drafter is None or runner.device.type != "cpu":
-        return None
+        return RoundThreads()
     if cached is not None and cached.round_threads is not None:
         return cached.round_threads
     threads = fastest_round_threads(runner, drafter)
@@ -414,7 +414,7 @@ def calibrate_pair(
     key: dict,
     cached: calibration_cache.Calibration | None,
     record: Callable[[CostModel], calibration_cache.Calibration],
-    threads: RoundThreads | None = None,
+    threads: RoundThreads,
 ) -> Generator[Progress, None, tuple[CostModel | None, float]]:
     """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
     on-disk cache when this pair was timed on this machine before, else measured with progress
@@ -428,7 +428,7 @@ def calibrate_pair(
         return None, 0.0
     message = "timing tree verification for the auto-tuner (once per model and machine)"
     if cached is not None:
-        with cpu_threads(threads.plain if threads is not None else None):
+        with cpu_threads(threads.plain):
             plain_now_s = plain_step_s(runner)
         if not timed_busier(cached.costs, plain_now_s):
             yield Progress(
