@@ -352,25 +352,39 @@ def _time_head_step(drafter, prompt: torch.Tensor, step, top_k: int) -> float:
 
 
 def _time_round(runner, drafter, cache, prompt: torch.Tensor, step, shape: TreeConfig) -> float:
-    """A whole greedy round of ``shape`` as the engine runs it: draft, verify, accept, gather
-    the kept entries, and the head's catch-up over the accepted tokens, which the engine runs
-    at the start of the next draft (here with a one-token draft after it, a small cost that
-    every shape pays alike)."""
+    """A whole greedy round of ``shape`` as the engine runs it when its drafts hold: draft,
+    verify, accept, gather the kept entries of the deepest path, and the head's catch-up over
+    that path's tokens, which the engine runs at the start of the next draft (here with a
+    one-token draft after it, a small cost that every shape pays alike).
+
+    The path is kept whatever this prompt of zeros accepted: rounds that pay keep one, and in a
+    branching tree a path past the first level sits apart from the root's slot, so its entries
+    must be gathered in every layer. Timed with what happened to hold here (often nothing, a
+    plain cut), trees looked cheaper than their real rounds next to chains, whose kept entries
+    are always in place."""
     drafter.begin(prompt, 0, step.features)
     committed = kv.cache_length(cache)
     device_sync(runner.device)
     start = time.perf_counter()
     tree = drafter.propose(0, shape)
     verified = runner.verify(tree, cache, with_features=True)
-    acceptance = greedy_accept(tree, verified.logits)
-    keep = torch.tensor((0,) + acceptance.accepted_nodes, dtype=torch.long)
+    greedy_accept(tree, verified.logits)  # the acceptance work of every round
+    path = _deepest_path(tree)
+    keep = torch.tensor((0,) + path, dtype=torch.long)
     kv.keep_tree_entries(cache, committed, keep)
-    drafter.commit(list(acceptance.token_ids), verified.features[keep.tolist()])
+    tokens = tree.token_ids[list(path)].tolist() + [0]  # the path's drafts and a bonus token
+    drafter.commit(tokens, verified.features[keep.tolist()])
     drafter.propose(0, TreeConfig(total_tokens=2, depth=1, top_k=1))  # its catch-up forward
     device_sync(runner.device)
     seconds = time.perf_counter() - start
     kv.truncate(cache, committed)
     return seconds
+
+
+def _deepest_path(tree: DraftTree) -> tuple[int, ...]:
+    """Node indices from the root's child down to the deepest node (the first of equals)."""
+    deepest = int(tree.depths.argmax())
+    return tuple(tree.ancestors[deepest].nonzero().flatten().tolist()[1:])
 
 
 def _non_decreasing(costs: dict[int, float]) -> dict[int, float]:

@@ -109,6 +109,44 @@ def test_calibration_leaves_the_model_usable_for_an_identical_generation() -> No
     assert kv.cache_length(cache) == prompt.numel()
 
 
+@pytest.mark.parametrize("shape", [TreeConfig(16, 5, 4), TreeConfig(7, 6, 1)])
+def test_a_timed_round_keeps_and_feeds_back_a_whole_path(monkeypatch, shape) -> None:
+    """A timed round pays what a round whose drafts hold pays, whatever the prompt of zeros
+    accepted: the deepest path's cache entries kept (in a branching tree, gathered from apart
+    from the root's slot) and all its tokens fed back to the head."""
+    target = tiny_target()
+    runner, drafter = make_runner(target, tiny_head("eagle3", target))
+    trees, kept, fed = [], [], []
+    verify, keep_entries, commit = runner.verify, kv.keep_tree_entries, drafter.commit
+
+    def spy_verify(tree, cache, with_features):
+        trees.append(tree)
+        return verify(tree, cache, with_features)
+
+    def spy_keep(cache, committed, keep):
+        kept.append(keep.tolist())
+        return keep_entries(cache, committed, keep)
+
+    def spy_commit(tokens, features):
+        fed.append((list(tokens), features.shape[0]))
+        return commit(tokens, features)
+
+    monkeypatch.setattr(runner, "verify", spy_verify)
+    monkeypatch.setattr(calibration.kv, "keep_tree_entries", spy_keep)
+    monkeypatch.setattr(drafter, "commit", spy_commit)
+    with torch.inference_mode():
+        prompt, cache, step = calibration._prefilled(runner, 8, with_features=True)
+        calibration._time_round(runner, drafter, cache, prompt, step, shape)
+    (tree,), (path,) = trees, kept
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+    assert len(path) - 1 == depths[path[-1]] == max(depths) >= 2  # root to the deepest node
+    assert (path != list(range(len(path)))) == (shape.top_k > 1)  # a gather, or a cut
+    assert [(len(tokens), rows) for tokens, rows in fed] == [(len(path), len(path))]
+    assert fed[0][0][:-1] == tree.token_ids[path[1:]].tolist()  # the path's drafts, then a bonus
+    assert kv.cache_length(cache) == prompt.numel()  # cut back afterwards
+
+
 @pytest.mark.parametrize(
     ("available", "counts"),
     [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (16, [1, 2, 4, 8, 16])],
