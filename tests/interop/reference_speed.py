@@ -139,6 +139,10 @@ def report(args, machine: str, ours: dict, theirs: dict, prompts: int) -> tuple[
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
+        f"Plain decoding produced {ours['vanilla']['tokens']} tokens here and "
+        f"{theirs['vanilla']['tokens']} in the reference (the same prompt ids and budget: they "
+        "should match).",
+        "",
         f"Our auto tree: {ours['auto']['tokens_per_s']:.1f} tok/s; the reference at its best tree "
         f"({their_best}): {theirs[their_best]['tokens_per_s']:.1f} tok/s: **{ratio:.2f}x**.",
     ]
@@ -163,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     pair = load_pair(LoadConfig(target=args.target, head=args.head, dtype="float32"))
     prompts = load_prompts(limit=args.limit)
     encoded = [
-        prompt_ids(pair.tokenizer, [{"role": "user", "content": p.text}], pair.prompt_format)
-        for p in prompts
+        prompt_ids(
+            pair.tokenizer, [{"role": "user", "content": p.text}], prompt_format=pair.prompt_format
+        )
+        for p in prompts  # as run_bench encodes them for our side: both run the same ids
     ]
     trees = [parse_tree(text) for text in args.trees]
     our_turns, their_turns = [], []
