@@ -440,6 +440,7 @@ def pair_info_markdown(info: PairInfo | None) -> str:
     }.get(info.prompt_format, f" · prompt format **{info.prompt_format}** (no chat template)")
     tuning = {
         "resumed": " · auto tree resumes from what earlier runs of this pair learned",
+        "taught": " · auto tree taught at load by a few short replies, learning on from yours",
         "new": " · auto tree learning this pair from scratch",
     }.get(info.tree_tuning, "")
     return (

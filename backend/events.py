@@ -174,7 +174,8 @@ class PairInfo:
     prompt_format: str = "chat template"
     remote: str = ""  # URL of the remote engine serving the pair; "" when loaded here
     # The tree auto-tuner's starting point: "resumed" (from what earlier runs of this pair
-    # learned), "new" (learning from this session's replies), "" (no head: nothing to tune).
+    # learned), "taught" (by a few short replies at load), "new" (learning from this session's
+    # replies), "" (no head: nothing to tune).
     tree_tuning: str = ""
     # The head's dtype when it is not the target's ("bfloat16": timed faster for drafting on this
     # CPU; replies are unchanged, the target verifies every draft), else "".

@@ -267,9 +267,12 @@ def _run_facts(result: BenchResult) -> list[str]:
             else "tree calibration read from the on-disk cache"
         )
     if "tuning_restored" in s:
+        lesson = s.get("tuning_lesson_rounds", 0)
         facts.append(
             "tree tuner started from what an earlier run learned"
             if s["tuning_restored"]
+            else f"tree tuner taught at load ({lesson} rounds of short replies)"
+            if lesson
             else "tree tuner started afresh"
         )
     if "load_s" in s:

@@ -55,6 +55,7 @@ from backend.services.dtypes import resolve_dtype
 from backend.services.planning import available_ram
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
+from backend.services.tuner_lesson import teach_tuner
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
 from models.heads.base import DraftHead, execution_device
@@ -76,7 +77,8 @@ class LoadedPair:
     head_path: str | None
     info: PairInfo
     prompt_format: str = "auto"  # see backend/services/prompting.py
-    calibration_s: float = 0.0  # time spent measuring the tree costs at load (0 when cached)
+    # time spent at load measuring the tree costs and teaching the tuner (0: both from disk)
+    calibration_s: float = 0.0
     readout_forms: str = (
         "stock"  # the CPU forms of the output projections (engine/projection_forms.py)
     )
@@ -84,6 +86,7 @@ class LoadedPair:
     round_threads: RoundThreads = RoundThreads()  # CPU threads of plain steps, drafted rounds
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
+    tuning_lesson_rounds: int = 0  # else rounds of the short reply that taught it at load
 
 
 @dataclass
@@ -201,7 +204,6 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     kwargs = _pretrained_kwargs(config, dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
     tokenizer, model = yield from _load_target(prepared, kwargs, dtype_name)
-
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
     if head is not None:
@@ -213,7 +215,6 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         head, drafter = _drafting_precision(model, runner, head, drafter, cached)
     head_precision = precision_name(head, dtype)
     forms = speed_up_projections(model, head, config, cached.forms if cached else {})
-
     yield Progress("warmup", 4, _LOAD_STEPS, "steps", "warm-up forward")
     with _load_errors(config, prepared.target_path):
         warmup(runner, drafter)
@@ -229,14 +230,15 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         )
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
-    info = pair_info(config, model, head, runner, dtype_name, format_label(prompt_format))
-    info = replace(info, head_dtype="" if head_precision == "target" else head_precision)
+    engine = Engine(runner, drafter, tokenizer, stops, costs, round_threads=threads)
+    tuning, taught, lesson_s = yield from _start_tuner(engine, key, calibration_s, prepared)
+    info = replace(
+        pair_info(config, model, head, runner, dtype_name, format_label(prompt_format)),
+        head_dtype="" if head_precision == "target" else head_precision,
+        tree_tuning=tuning,
+    )
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
-    engine = Engine(runner, drafter, tokenizer, stops, costs, round_threads=threads)
-    restored = drafter is not None and _resume_tuning(engine, key, calibration_s)
-    if drafter is not None:
-        info = replace(info, tree_tuning="resumed" if restored else "new")
     return LoadedPair(
         model=model,
         tokenizer=tokenizer,
@@ -246,12 +248,13 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         head_path=prepared.head_path,
         info=info,
         prompt_format=prompt_format,
-        calibration_s=calibration_s,
+        calibration_s=calibration_s + lesson_s,
         readout_forms=describe_projections(forms),
         decoder_forms=describe_decoder(forms),
         round_threads=threads.resolved(torch.get_num_threads()),
         tuning_key=key if drafter is not None else None,
-        tuning_restored=restored,
+        tuning_restored=tuning == "resumed",
+        tuning_lesson_rounds=taught,
     )
 
 
@@ -314,6 +317,22 @@ def _drafting_precision(
     )
     logger.info("the head drafts in %s", head.dtype_device()[0])
     return head, drafter
+
+
+def _start_tuner(
+    engine: Engine, key: dict, calibration_s: float, prepared: PreparedLoad
+) -> Generator[Progress, None, tuple[str, int, float]]:
+    """Where the tree tuner starts: what earlier runs of this pair learned, else a lesson of a
+    few short replies now (services/tuner_lesson.py), saved at once. Returns how it started
+    (PairInfo.tree_tuning), the lesson's rounds and its seconds."""
+    if engine.drafter is None:
+        return "", 0, 0.0
+    if _resume_tuning(engine, key, calibration_s):
+        return "resumed", 0, 0.0
+    with _load_errors(prepared.config, prepared.target_path):
+        taught, seconds = yield from teach_tuner(engine, prepared.config.prompt_format)
+    tuning_cache.save(engine.policies, key)  # a second load in this process resumes it
+    return ("taught" if taught else "new"), taught, seconds
 
 
 def _resume_tuning(engine: Engine, key: dict, calibration_s: float) -> bool:

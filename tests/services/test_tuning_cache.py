@@ -16,7 +16,7 @@ from backend.engine.autotune import LADDER, TreePolicy
 from backend.engine.calibration import MEASURED_SIZES, CostModel
 from backend.engine.progress import drain
 from backend.errors import EagleChatError
-from backend.services import tuning_cache
+from backend.services import loading, tuning_cache
 from backend.services.cache_home import cache_home
 from backend.services.loading import load_steps, prepare
 
@@ -72,13 +72,24 @@ def load(root):
     return drain(load_steps(prepare(config, str(root / "target"), str(root / "head"))))
 
 
+@pytest.fixture
+def no_lesson(monkeypatch) -> None:
+    """Loads without the tuner's lesson: what replies teach and what is saved, on its own."""
+
+    def skip(engine, prompt_format):
+        return 0, 0.0
+        yield
+
+    monkeypatch.setattr(loading, "teach_tuner", skip)
+
+
 def reply(pair) -> None:
     config = GenerationConfig(max_new_tokens=24, tree=TreeConfig(auto=True), stop_on_eos=False)
     for _ in pair.engine.generate([1, 5, 9, 13], config):
         pass
 
 
-def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk) -> None:
+def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk, no_lesson) -> None:
     first = load(pair_on_disk)
     assert first.engine.policies == {} and not first.tuning_restored  # nothing saved: the prior
     reply(first)
@@ -92,7 +103,7 @@ def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk) -> None:
     assert restored.time_scale.overall == learned.time_scale.overall  # costs read from cache
 
 
-def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog) -> None:
+def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog, no_lesson) -> None:
     first = load(pair_on_disk)
     reply(first)
     tuning_cache.save(first.engine.policies, first.tuning_key)
@@ -106,7 +117,9 @@ def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog) -> None
     assert second.engine.policies[False].seen[0] > 0
 
 
-def test_what_a_run_learned_is_saved_at_exit_even_once_its_engine_is_gone(pair_on_disk) -> None:
+def test_what_a_run_learned_is_saved_at_exit_even_once_its_engine_is_gone(
+    pair_on_disk, no_lesson
+) -> None:
     """A command-line run drops its pair before the process ends: the exit hook keeps only
     the policies, and saves them."""
     first = load(pair_on_disk)
@@ -120,12 +133,35 @@ def test_what_a_run_learned_is_saved_at_exit_even_once_its_engine_is_gone(pair_o
     assert second.engine.policies[False].seen == seen
 
 
-def test_the_loaded_pair_says_where_its_tuner_started(pair_on_disk) -> None:
+def test_the_loaded_pair_says_where_its_tuner_started(pair_on_disk, no_lesson) -> None:
     first = load(pair_on_disk)
     assert first.info.tree_tuning == "new"
     reply(first)
     tuning_cache.save(first.engine.policies, first.tuning_key)
     assert load(pair_on_disk).info.tree_tuning == "resumed"
+
+
+def test_a_first_load_teaches_the_tuner_and_the_next_load_resumes_it(pair_on_disk) -> None:
+    """With nothing saved, a short greedy reply at load teaches the tuner (progress shown as
+    calibration, ending full) and is saved at once: a second load resumes, teaching nothing."""
+    config = LoadConfig(
+        target=str(pair_on_disk / "target"), head=str(pair_on_disk / "head"), dtype="float32"
+    )
+    steps = load_steps(prepare(config, str(pair_on_disk / "target"), str(pair_on_disk / "head")))
+    events, first = [], None
+    while first is None:
+        try:
+            events.append(next(steps))
+        except StopIteration as done:
+            first = done.value
+    lesson = [e for e in events if "teaching the tree tuner" in e.message]
+    assert lesson and lesson[-1].done == lesson[-1].total and events[-1].message == "ready"
+    policy = first.engine.policies[False]
+    assert first.info.tree_tuning == "taught" and not first.tuning_restored
+    assert first.tuning_lesson_rounds >= policy.seen[0] > 0 and first.calibration_s > 0
+    second = load(pair_on_disk)
+    assert second.info.tree_tuning == "resumed" and second.tuning_lesson_rounds == 0
+    assert second.engine.policies[False].seen == policy.seen
 
 
 def test_a_reset_forgets_the_learned_state_here_and_on_disk(pair_on_disk) -> None:

@@ -1,0 +1,58 @@
+"""A few short greedy replies at load that teach the tree auto-tuner what the head accepts, when no
+earlier run of the pair left it anything (services/tuning_cache.py).
+
+Without them the first reply after a first launch is the tuner's lesson: its early rounds draft
+from a prior acceptance rate (often the wrong shape), and each tree size pays its first-call
+costs there. Taught at load, that reply starts where the second one would. The lesson is part
+of calibration (its progress shows as such and its time counts as calibration time) and is
+bounded by tokens and seconds, so a large model on a slow device is not held up for long; what
+it taught is saved at once (and what later replies teach at exit), so later loads skip it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+from backend.config import GenerationConfig
+from backend.engine.engine import Engine
+from backend.events import Progress, RoundCompleted
+from backend.services.prompting import prompt_ids
+
+LESSONS = (  # short everyday requests, one after another until LESSON_TOKENS are decoded
+    "Explain how a bicycle stays upright while it moves.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "What are three good habits for staying healthy? Explain each one.",
+    "Describe the water cycle to a ten-year-old.",
+)
+LESSON_TOKENS = 96  # new tokens in all: enough rounds to settle the first depths' rates
+LESSON_S = 15.0  # and at most this long (rounds of a large model on a CPU run seconds each)
+
+
+def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None, tuple[int, float]]:
+    """Run the lessons on ``engine``'s greedy policy; returns (rounds taught, seconds)."""
+    if engine.drafter is None or engine.tokenizer is None:
+        return 0, 0.0
+    start, rounds, produced = time.perf_counter(), 0, 0
+    message = "teaching the tree tuner this head's acceptance (once per model and machine)"
+    for text in LESSONS:
+        ids = prompt_ids(
+            engine.tokenizer, [{"role": "user", "content": text}], prompt_format=prompt_format
+        )
+        config = GenerationConfig(mode="eagle", max_new_tokens=LESSON_TOKENS - produced)
+        events = engine.generate(ids, config, request_id="tuner-lesson")
+        for event in events:
+            if not isinstance(event, RoundCompleted) or event.round_index == 0:
+                continue
+            rounds += 1
+            produced += len(event.token_ids)
+            yield Progress(
+                "calibrate", min(produced, LESSON_TOKENS), LESSON_TOKENS, "steps", message
+            )
+            if time.perf_counter() - start > LESSON_S:
+                events.close()  # the reply stops here; what its rounds taught stays
+                break
+        if produced >= LESSON_TOKENS or time.perf_counter() - start > LESSON_S:
+            break
+    yield Progress("calibrate", LESSON_TOKENS, LESSON_TOKENS, "steps", message)  # done
+    return rounds, time.perf_counter() - start
