@@ -86,7 +86,7 @@ class LoadedPair:
     round_threads: RoundThreads = RoundThreads()  # CPU threads of plain steps, drafted rounds
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
-    tuning_lesson_rounds: int = 0  # else rounds of the short reply that taught it at load
+    tuning_lesson_rounds: int = 0  # else rounds of the short replies that taught it at load
 
 
 @dataclass

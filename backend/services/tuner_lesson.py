@@ -34,6 +34,10 @@ def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None,
     if engine.drafter is None or engine.tokenizer is None:
         return 0, 0.0
     start, rounds, produced = time.perf_counter(), 0, 0
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - start > LESSON_S
+
     message = "teaching the tree tuner this head's acceptance (once per model and machine)"
     for text in LESSONS:
         ids = prompt_ids(
@@ -49,10 +53,10 @@ def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None,
             yield Progress(
                 "calibrate", min(produced, LESSON_TOKENS), LESSON_TOKENS, "steps", message
             )
-            if time.perf_counter() - start > LESSON_S:
+            if out_of_time():
                 events.close()  # the reply stops here; what its rounds taught stays
                 break
-        if produced >= LESSON_TOKENS or time.perf_counter() - start > LESSON_S:
+        if produced >= LESSON_TOKENS or out_of_time():
             break
     yield Progress("calibrate", LESSON_TOKENS, LESSON_TOKENS, "steps", message)  # done
     return rounds, time.perf_counter() - start

@@ -147,13 +147,9 @@ def test_a_first_load_teaches_the_tuner_and_the_next_load_resumes_it(pair_on_dis
     config = LoadConfig(
         target=str(pair_on_disk / "target"), head=str(pair_on_disk / "head"), dtype="float32"
     )
+    events: list = []
     steps = load_steps(prepare(config, str(pair_on_disk / "target"), str(pair_on_disk / "head")))
-    events, first = [], None
-    while first is None:
-        try:
-            events.append(next(steps))
-        except StopIteration as done:
-            first = done.value
+    first = drain(steps, events.append)
     lesson = [e for e in events if "teaching the tree tuner" in e.message]
     assert lesson and lesson[-1].done == lesson[-1].total and events[-1].message == "ready"
     policy = first.engine.policies[False]
