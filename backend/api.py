@@ -19,8 +19,9 @@ import dataclasses
 import gc
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -145,8 +146,9 @@ class Backend:
         self.remote = self.remote_baseline = None
 
     def load_blocking(self, config: LoadConfig) -> LoadedPair:
-        """``load`` for the CLI: progress goes to the log, known failures raise typed errors."""
-        return drain(self._load_events(config), lambda event: logger.info("%s", event.message))
+        """``load`` for the CLI: progress goes to the log (a line per stage and every tenth of
+        it, not one per event), known failures raise typed errors."""
+        return drain(self._load_events(config), ProgressLog(logger.info))
 
     def unload(self) -> None:
         """Free the loaded pair (waits for the running job, if any) and leave a remote engine."""
@@ -422,6 +424,42 @@ class Backend:
                 "no model is loaded", hint="load a target (and head) first", code="no_model"
             )
         return self.pair
+
+
+class ProgressLog:
+    """Logs load progress as a reader wants it: each new message once, then while it repeats
+    (a long stage counting its steps) one line per tenth done or per ``every_s`` seconds, and
+    its end. A first load emits hundreds of calibration events, which a line each would bury
+    the rest of the log in."""
+
+    def __init__(
+        self,
+        log: Callable[..., None],
+        every_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log, self.every_s, self.clock = log, every_s, clock
+        self._last: tuple[str, float, float] | None = None  # message, fraction, time logged
+
+    def __call__(self, event: Progress) -> None:
+        fraction = event.done / event.total if event.total else None
+        now = self.clock()
+        last = self._last
+        new_stage = last is None or last[0] != event.message
+        due = (
+            new_stage
+            or fraction is None
+            or fraction >= 1.0
+            or fraction - last[1] >= 0.1
+            or now - last[2] >= self.every_s
+        )
+        if not due:
+            return
+        if new_stage or fraction is None:  # a step's own fraction is the load's, not its own
+            self.log("%s", event.message)
+        else:
+            self.log("%s (%d%%)", event.message, int(100 * fraction))
+        self._last = (event.message, fraction or 0.0, now)
 
 
 def _require_drafter(pair: LoadedPair, mode: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.api import Backend
+from backend.api import Backend, ProgressLog
 from backend.config import LoadConfig, SamplingConfig
 from backend.errors import HubError
 from backend.events import (
@@ -220,3 +220,27 @@ def test_unload_frees_the_pair(saved_pairs: SavedPairs, tmp_path: Path) -> None:
     (event,) = list(backend.stream(MESSAGES, greedy(4, "vanilla")))
     assert isinstance(event, GenerationFailed) and event.code == "no_model"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_load_log_keeps_a_long_stage_to_a_few_lines() -> None:
+    """The CLI's load log: one line per new message, a long counted stage at most once per
+    tenth (or per interval) and at its end, however many events it sends."""
+    lines: list[str] = []
+    clock = [0.0]
+    log = ProgressLog(
+        lambda fmt, *args: lines.append(fmt % args), every_s=5.0, clock=lambda: clock[0]
+    )
+    log(Progress("load", 1, 5, "steps", "tokenizer"))
+    log(Progress("load", 2, 5, "steps", "target float32 weights"))
+    for done in range(1, 251):
+        clock[0] += 0.001
+        log(Progress("calibrate", done, 250, "steps", "timing tree verification"))
+    assert lines[:3] == ["tokenizer", "target float32 weights", "timing tree verification"]
+    assert lines[-1] == "timing tree verification (100%)"
+    assert 10 <= len(lines) <= 14  # every tenth, not 250 lines
+    clock[0] += 6.0  # a slow stage still says where it is every interval
+    log(Progress("calibrate", 1, 1000, "steps", "teaching the tree tuner"))
+    log(Progress("calibrate", 2, 1000, "steps", "teaching the tree tuner"))
+    clock[0] += 6.0
+    log(Progress("calibrate", 3, 1000, "steps", "teaching the tree tuner"))
+    assert lines[-2:] == ["teaching the tree tuner", "teaching the tree tuner (0%)"]
