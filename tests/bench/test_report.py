@@ -8,7 +8,13 @@ import json
 import pytest
 
 from backend.bench.prompts import BenchPrompt, load_prompts
-from backend.bench.report import speedup_per_seed, summarize, to_markdown, write_reports
+from backend.bench.report import (
+    share_of_best_fixed_interval,
+    speedup_per_seed,
+    summarize,
+    to_markdown,
+    write_reports,
+)
 from backend.bench.runner import (
     BenchResult,
     BenchSpec,
@@ -241,3 +247,33 @@ def test_a_malformed_tree_is_a_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="cannot read the tree"):
         parse_tree("16/5")
+
+
+def _with_fixed_trees(auto_seconds: list[float], fixed_seconds: dict[str, list[float]]):
+    """A run where every method makes 10 tokens per prompt in the given seconds."""
+    prompts = []
+    for index, seconds in enumerate(auto_seconds):
+        prompt = PromptResult(BenchPrompt(str(index), "x", "hi"))
+        runs = {"vanilla": 2.0, "eagle": seconds} | {m: s[index] for m, s in fixed_seconds.items()}
+        for method, took in runs.items():
+            prompt.runs[method] = MethodRun(method, tuple(range(10)), took, 0.1, 5, (2,) * 5)
+        prompts.append(prompt)
+    return BenchResult(hand_made().settings, {}, prompts)
+
+
+def test_the_share_of_the_best_fixed_tree_comes_with_its_spread_over_prompts(tmp_path) -> None:
+    steady = _with_fixed_trees([1.0] * 6, {"eagle@8/4/2": [0.9] * 6, "eagle@chain6": [1.2] * 6})
+    low, high = share_of_best_fixed_interval(steady)
+    assert low == pytest.approx(0.9) and high == pytest.approx(0.9)  # no spread to show
+    # Two trees that take turns being faster: whichever wins a resample, auto looks worse
+    # against it than against either tree alone, and the interval is wide.
+    fast, slow = [0.8, 1.2] * 4, [1.2, 0.8] * 4
+    noisy = _with_fixed_trees([1.0] * 8, {"eagle@8/4/2": fast, "eagle@chain6": slow})
+    low, high = share_of_best_fixed_interval(noisy)
+    assert low < 0.97 < high <= 1.0 + 1e-9
+    summaries = write_reports(noisy, tmp_path, "python launch.py bench")
+    assert "over resampled prompts, 90% interval" in (tmp_path / "summary.md").read_text()
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["share_of_best_fixed_interval"] == pytest.approx([low, high])
+    assert summaries["eagle"].tokens_per_s == pytest.approx(10.0)
+    assert share_of_best_fixed_interval(_with_fixed_trees([1.0], {"eagle@8/4/2": [0.9]})) is None
