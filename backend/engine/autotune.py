@@ -274,6 +274,23 @@ class TreePolicy:
         self._best = _UNKNOWN
         self._curves.clear()
 
+    def discount(self, rounds: float) -> None:
+        """Let what was learned so far count as at most ``rounds`` rounds of evidence, so that
+        the next rounds overrule it quickly where they disagree: for a lesson on other text than
+        the user's (services/tuner_lesson.py), whose rates would otherwise hold the first real
+        replies on shapes that their text does not pay for."""
+        self.seen = [min(seen, int(rounds)) for seen in self.seen]
+        self.tails = [_at_most(counts, rounds) for counts in self.tails]
+        self.long_tails = [_at_most(counts, rounds) for counts in self.long_tails]
+        for shape, (tokens, reference, weight) in self.measured.items():
+            keep = min(1.0, rounds / weight) if weight > 0 else 1.0
+            self.measured[shape] = (keep * tokens, keep * reference, keep * weight)
+            if shape in self.width_fit:
+                fit_tokens, promised = self.width_fit[shape]
+                self.width_fit[shape] = (keep * fit_tokens, keep * promised)
+        self._best = _UNKNOWN
+        self._curves.clear()
+
     def begin_request(self) -> None:
         """A new prompt is new text: if drafting was switched off, probe on its first round
         rather than carrying the old reply's back-off into it."""
@@ -567,6 +584,13 @@ def _prior_tails() -> list[tuple[float, float]]:
     return [
         (PRIOR_WEIGHT * (1.0 - PRIOR_NEXT / rank), PRIOR_WEIGHT) for rank in range(1, MAX_GUESSES)
     ]
+
+
+def _at_most(counts: tuple[float, float], tries: float) -> tuple[float, float]:
+    """(wrong, tried) counts with the same odds, resting on at most ``tries`` tries."""
+    wrong, tried = counts
+    keep = min(1.0, tries / tried)
+    return keep * wrong, keep * tried
 
 
 def _count(counts: tuple[float, float], missed: bool, keep: float) -> tuple[float, float]:

@@ -7,11 +7,15 @@ costs there. Taught at load, that reply starts where the second one would. The l
 of calibration (its progress shows as such and its time counts as calibration time) and is
 bounded by tokens and seconds, so a large model on a slow device is not held up for long; what
 it taught is saved at once (and what later replies teach at exit), so later loads skip it.
+Its text is not the user's, so what it taught counts as a few rounds only, and a reply that
+loops on one token (small models do) teaches nothing: any head predicts a loop.
 """
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import Counter
 from collections.abc import Generator
 
 from backend.config import GenerationConfig
@@ -27,13 +31,17 @@ LESSONS = (  # short everyday requests, one after another until LESSON_TOKENS ar
 )
 LESSON_TOKENS = 96  # new tokens in all: enough rounds to settle the first depths' rates
 LESSON_S = 15.0  # and at most this long (rounds of a large model on a CPU run seconds each)
+LESSON_WEIGHT = 4.0  # what the lesson taught counts as this many rounds of the user's text
+REPEAT_SHARE = 0.4  # a lesson reply whose commonest token is more than this share of it and
+REPEAT_MIN_TOKENS = 16  # that has at least this many tokens teaches nothing
 
 
 def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None, tuple[int, float]]:
     """Run the lessons on ``engine``'s greedy policy; returns (rounds taught, seconds)."""
     if engine.drafter is None or engine.tokenizer is None:
         return 0, 0.0
-    start, rounds, produced = time.perf_counter(), 0, 0
+    policy = engine.tree_policy()
+    start, rounds, produced, shown = time.perf_counter(), 0, 0, 0
 
     def out_of_time() -> bool:
         return time.perf_counter() - start > LESSON_S
@@ -43,20 +51,38 @@ def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None,
         ids = prompt_ids(
             engine.tokenizer, [{"role": "user", "content": text}], prompt_format=prompt_format
         )
+        before = copy.deepcopy(policy.learned())  # learned() hands out the live lists
         config = GenerationConfig(mode="eagle", max_new_tokens=LESSON_TOKENS - produced)
         events = engine.generate(ids, config, request_id="tuner-lesson")
+        reply: list[int] = []
+        reply_rounds = 0
         for event in events:
             if not isinstance(event, RoundCompleted) or event.round_index == 0:
                 continue
-            rounds += 1
-            produced += len(event.token_ids)
-            yield Progress(
-                "calibrate", min(produced, LESSON_TOKENS), LESSON_TOKENS, "steps", message
-            )
+            reply += event.token_ids
+            reply_rounds += 1
+            shown = max(shown, min(produced + len(reply), LESSON_TOKENS))  # never backwards
+            yield Progress("calibrate", shown, LESSON_TOKENS, "steps", message)
             if out_of_time():
                 events.close()  # the reply stops here; what its rounds taught stays
                 break
+        if repetitive(reply):  # any head predicts a loop: it says nothing of this one
+            policy.restore(before, with_times=False)  # the machine's times it taught stay
+        else:
+            rounds += reply_rounds
+            produced += len(reply)
         if produced >= LESSON_TOKENS or out_of_time():
             break
+    # Its text is not the user's: a starting point that the first real rounds overrule
+    # quickly where they disagree.
+    policy.discount(LESSON_WEIGHT)
     yield Progress("calibrate", LESSON_TOKENS, LESSON_TOKENS, "steps", message)  # done
     return rounds, time.perf_counter() - start
+
+
+def repetitive(tokens: list[int]) -> bool:
+    """A reply that is mostly one token (a small model looping on "0000..."); a chat reply's
+    commonest token is a small share of it."""
+    if len(tokens) < REPEAT_MIN_TOKENS:
+        return False
+    return max(Counter(tokens).values()) > REPEAT_SHARE * len(tokens)
