@@ -152,11 +152,12 @@ class TreePolicy:
 
     # ---- what it learned, kept across launches (backend/services/tuning_cache.py) ----------
     def learned(self) -> dict:
-        """The estimates as JSON-ready data (not the round counters of this session)."""
+        """The estimates as JSON-ready data (not the round counters of this session), copied:
+        a snapshot that later rounds leave as it is (the lesson restores one)."""
         return {
-            "rates": self.rates,
-            "long_rates": self.long_rates,
-            "seen": self.seen,
+            "rates": list(self.rates),
+            "long_rates": list(self.long_rates),
+            "seen": list(self.seen),
             "tails": [list(counts) for counts in self.tails],
             "long_tails": [list(counts) for counts in self.long_tails],
             "measured": {shape_name(s): list(sums) for s, sums in self.measured.items()},
@@ -165,10 +166,10 @@ class TreePolicy:
             "observed_levels": self.observed_levels,
             "time_scale": {
                 "shapes": {shape_name(s): f for s, f in self.time_scale.shapes.items()},
-                "families": self.time_scale.families,
+                "families": dict(self.time_scale.families),
                 "drafting": self.time_scale.drafting,
                 "overall": self.time_scale.overall,
-                "rounds": self.time_scale.rounds,
+                "rounds": dict(self.time_scale.rounds),
             },
         }
 

@@ -13,7 +13,6 @@ loops on one token (small models do) teaches nothing: any head predicts a loop.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import Counter
 from collections.abc import Generator
@@ -51,7 +50,7 @@ def teach_tuner(engine: Engine, prompt_format: str) -> Generator[Progress, None,
         ids = prompt_ids(
             engine.tokenizer, [{"role": "user", "content": text}], prompt_format=prompt_format
         )
-        before = copy.deepcopy(policy.learned())  # learned() hands out the live lists
+        before = policy.learned()
         config = GenerationConfig(mode="eagle", max_new_tokens=LESSON_TOKENS - produced)
         events = engine.generate(ids, config, request_id="tuner-lesson")
         reply: list[int] = []
