@@ -53,12 +53,14 @@ class EagleDrafter:
 
     def __init__(self, head: DraftHead, num_target_layers: int) -> None:
         self.head = head
-        head.fuse_projections()
+        fused = head.fuse_projections()
+        with torch.no_grad():  # the fused inference matrices, gathered once
+            self._step = head.draft_step() if fused else head
         self.feature_indices = head.feature_layers(num_target_layers)
         self.dtype, self.device = head.dtype_device()
         columns = torch.arange(head.config.draft_vocab_size, device=self.device)
         self._draft_ids = head.to_target_ids(columns)  # target id of each draft logit column
-        self._cache = kv.new_cache()
+        self._cache = kv.HeadCache()
         self._committed = 0
         self._root_hidden: torch.Tensor | None = None  # [1, 1, H]
         self._pending_tokens: list[torch.Tensor] = []  # queued commits: next tokens [n]
@@ -69,7 +71,7 @@ class EagleDrafter:
     def begin(
         self, prompt_ids: torch.Tensor, first_token: int, prompt_features: torch.Tensor
     ) -> None:
-        self._cache = kv.new_cache()
+        self._cache = kv.HeadCache()
         self._committed = 0
         self._pending_tokens, self._pending_features = [], []
         shifted = torch.cat([prompt_ids[1:].to(self.device), self._tokens([first_token])])
@@ -124,7 +126,7 @@ class EagleDrafter:
             if step + 1 < depth:
                 positions = torch.full((1, 1), self._committed + step, device=self.device)
                 target_id = self.head.to_target_ids(token)[None]
-                hidden = self.head(hidden, target_id, positions, None, self._cache)
+                hidden = self._step(hidden, target_id, positions, None, self._cache)
         tokens = torch.cat([self._tokens([root_token]), self.head.to_target_ids(torch.cat(drafts))])
         if not proposals:
             return DraftTree.chain(tokens)
@@ -276,7 +278,7 @@ class EagleDrafter:
         bias[:, self._committed :].masked_fill_(~tree_mask, torch.finfo(self.dtype).min)
         positions = torch.full((1, count), self._committed - 1 + depth, device=self.device)
         target_ids = self.head.to_target_ids(tokens)[None]
-        hidden = self.head(parent_hidden, target_ids, positions, bias[None, None], self._cache)
+        hidden = self._step(parent_hidden, target_ids, positions, bias[None, None], self._cache)
         return hidden, self._log_probs(hidden), tree_mask
 
     def _assemble(
@@ -310,7 +312,7 @@ class EagleDrafter:
 
     def _flush(self) -> None:
         """Drop the last tree's speculative entries and run the head over the queued pairs."""
-        kv.truncate(self._cache, self._committed)
+        self._cache.truncate(self._committed)
         if not self._pending_tokens:
             return
         tokens = torch.cat(self._pending_tokens)
@@ -323,7 +325,7 @@ class EagleDrafter:
         hidden_in = self.head.project(features.to(self.device, self.dtype))[None]  # [1, n, H]
         positions = torch.arange(self._committed, self._committed + count, device=self.device)
         # None: causal over the cache and the new entries (no mask at all from an empty cache)
-        out = self.head(hidden_in, next_tokens[None], positions[None], None, self._cache)
+        out = self._step(hidden_in, next_tokens[None], positions[None], None, self._cache)
         self._committed += count
         self._root_hidden = out[:, -1:]
 

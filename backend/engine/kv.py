@@ -104,6 +104,52 @@ def visible_keys(past: int, window: int) -> int:
     return min(past, window - 1)
 
 
+class HeadCache:
+    """The draft head's one-layer KV, appended in place like ``GrowingLayer`` but without a
+    ``DynamicCache`` around it: the head updates it on every draft step, where the
+    dispatch costs more than the copy. Has what the head's attention and the drafter use."""
+
+    def __init__(self) -> None:
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.length = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if (
+            self._keys is None
+            or end > self._keys.shape[-2]
+            # a buffer made under inference mode cannot be written outside it
+            or (self._keys.is_inference() and not torch.is_inference_mode_enabled())
+        ):
+            self._keys = _regrown(self._keys, key_states, self.length, end)
+            self._values = _regrown(self._values, value_states, self.length, end)
+        self._keys[..., self.length : end, :] = key_states
+        self._values[..., self.length : end, :] = value_states
+        self.length = end
+        return self._keys[..., :end, :], self._values[..., :end, :]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+def _regrown(
+    buffer: torch.Tensor | None, like: torch.Tensor, length: int, end: int
+) -> torch.Tensor:
+    """A buffer for ``end`` entries and a quarter spare, holding the first ``length`` of
+    ``buffer``."""
+    capacity = end + max(_MIN_SPARE, end // 4)
+    grown = like.new_empty(*like.shape[:-2], capacity, like.shape[-1])
+    if length:
+        grown[..., :length, :] = buffer[..., :length, :]
+    return grown
+
+
 def new_cache(layer_windows: tuple[int | None, ...] = ()) -> DynamicCache:
     """A growable cache; layers with a window in ``layer_windows`` show attention only what
     the window covers (no windows: full-attention layers, created as the model needs them)."""

@@ -7,11 +7,17 @@ outside the head's state_dict so saving writes only the head's own weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.heads.config import HeadConfig, HeadKind
 from models.stacked_linears import StackedLinears
+
+# (hidden [1, Q, H], token_ids [1, Q], position_ids [1, Q], attn_bias, cache) -> [1, Q, H]
+DraftStep = Callable[..., torch.Tensor]
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -71,6 +77,20 @@ class DraftHead(nn.Module):
         borrowed = self.embedding(token_ids.to(self._embedding_device))
         return borrowed.to(weight.device, weight.dtype)
 
+    def embedder(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``embed`` with its checks done now: a plain embedding table on the head's device and
+        in its dtype is indexed directly (a scaled one, like Gemma's, keeps its own forward)."""
+        module, weight = self.embedding, self.fc.weight
+        table = getattr(module, "weight", None)
+        if (
+            type(module) is not nn.Embedding
+            or module.max_norm is not None
+            or hasattr(module, "_hf_hook")
+            or (table.device, table.dtype) != (weight.device, weight.dtype)
+        ):
+            return self.embed
+        return lambda token_ids: F.embedding(token_ids, table)
+
     def projection_stacks(self) -> list[StackedLinears]:
         """Each layer's q/k/v and gate/up (``StackedLinears``)."""
         return [
@@ -106,6 +126,14 @@ class DraftHead(nn.Module):
         attn_bias: torch.Tensor | None,  # [1, 1, Q, past + Q] additive, None = causal
         cache,  # transformers cache holding the head's KV
     ) -> torch.Tensor:  # [1, Q, H]: predicted feature of position t+1 (fed back as is)
+        return self.draft_step()(hidden, token_ids, position_ids, attn_bias, cache)
+
+    def draft_step(self) -> DraftStep:
+        """``forward`` with its tensors gathered now: under gradients the parameters as they
+        are (training, through ``forward``); without, the fused inference matrices, gathered
+        once by the drafter, which would otherwise spend more on module calls than on a
+        one-token step's arithmetic. Valid until the head's weights get new storage (``.to()``,
+        fusing): gather again after that."""
         raise NotImplementedError
 
     def logits(self, hidden_out: torch.Tensor) -> torch.Tensor:

@@ -8,25 +8,32 @@ the target's lm_head reads it directly.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from models.heads.base import DraftHead
+from models.heads.base import DraftHead, DraftStep
 from models.heads.config import HeadConfig, HeadKind
-from models.heads.layers import Attention, GatedMLP, RMSNorm, Rotary
+from models.heads.layers import (
+    Attention,
+    GatedMLP,
+    RMSNorm,
+    Rotary,
+    attend,
+    gated_mlp,
+    normalize,
+    rotary_angles,
+)
 
 
 class Eagle1DecoderLayer(nn.Module):
-    """A Llama decoder layer minus ``input_layernorm``: fc output goes straight to attention."""
+    """A Llama decoder layer minus ``input_layernorm`` (fc output goes straight to attention),
+    as parameters under their checkpoint names; its arithmetic is the head's ``draft_step``."""
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.self_attn = Attention(config, input_size=config.hidden_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
-
-    def forward(self, x, rotary, attn_bias, cache) -> torch.Tensor:
-        x = x + self.self_attn(x, rotary, attn_bias, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Eagle1Head(DraftHead):
@@ -48,10 +55,26 @@ class Eagle1Head(DraftHead):
     def project(self, target_features: torch.Tensor) -> torch.Tensor:
         return target_features  # the feature space is the target's hidden space
 
-    def forward(self, hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
-        embedded = self.embed(token_ids)  # [1, Q, H]
-        x = self.fc(torch.cat([embedded, hidden.to(embedded.dtype)], dim=-1))
-        return self.layers[0](x, self.rotary(position_ids), attn_bias, cache)
+    def draft_step(self) -> DraftStep:
+        layer = self.layers[0]
+        embed, attention, mlp = self.embedder(), layer.self_attn.parts(), layer.mlp.parts()
+        fc_weight, fc_bias = self.fc.weight, self.fc.bias
+        post_norm, eps, inv_freq = (
+            layer.post_attention_layernorm.weight,
+            self.config.rms_norm_eps,
+            self.rotary.inv_freq,
+        )
+
+        def step(hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
+            embedded = embed(token_ids)  # [1, Q, H]
+            x = F.linear(
+                torch.cat([embedded, hidden.to(embedded.dtype)], dim=-1), fc_weight, fc_bias
+            )
+            rotary = rotary_angles(position_ids, inv_freq)
+            x = x + attend(attention, x, rotary, attn_bias, cache)
+            return x + gated_mlp(normalize(x, post_norm, eps), *mlp)
+
+        return step
 
     def logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         lm_head = self._borrowed.get("lm_head")

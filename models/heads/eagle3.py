@@ -12,14 +12,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.heads.base import DraftHead
+from models.heads.base import DraftHead, DraftStep
 from models.heads.config import HeadConfig, HeadKind, default_eagle3_layer_ids
-from models.heads.layers import Attention, GatedMLP, RMSNorm, Rotary
+from models.heads.layers import (
+    Attention,
+    GatedMLP,
+    RMSNorm,
+    Rotary,
+    attend,
+    gated_mlp,
+    normalize,
+    rotary_angles,
+)
 
 MIN_TARGET_LAYERS = 7  # layer L-3 must come after L//2 and layer 2
 
 
 class Eagle3MidLayer(nn.Module):
+    """The midlayer's parameters under their checkpoint names; its arithmetic is the head's
+    ``draft_step``: attention over [norm(embedding); norm(hidden)], residual on the hidden
+    state, then a gated MLP."""
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
@@ -28,11 +41,6 @@ class Eagle3MidLayer(nn.Module):
         self.self_attn = Attention(config, input_size=2 * hidden)
         self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
-
-    def forward(self, embedded, hidden, rotary, attn_bias, cache) -> torch.Tensor:
-        attn_in = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)
-        x = hidden + self.self_attn(attn_in, rotary, attn_bias, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Eagle3Head(DraftHead):
@@ -61,9 +69,26 @@ class Eagle3Head(DraftHead):
     def project(self, target_features: torch.Tensor) -> torch.Tensor:
         return self.fc(target_features.to(self.fc.weight.dtype))
 
-    def forward(self, hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
-        embedded = self.embed(token_ids)
-        return self.midlayer(embedded, hidden, self.rotary(position_ids), attn_bias, cache)
+    def draft_step(self) -> DraftStep:
+        layer = self.midlayer
+        embed, attention, mlp = self.embedder(), layer.self_attn.parts(), layer.mlp.parts()
+        input_norm, hidden_norm = layer.input_layernorm.weight, layer.hidden_norm.weight
+        post_norm, eps, inv_freq = (
+            layer.post_attention_layernorm.weight,
+            self.config.rms_norm_eps,
+            self.rotary.inv_freq,
+        )
+
+        def step(hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
+            attn_in = torch.cat(
+                [normalize(embed(token_ids), input_norm, eps), normalize(hidden, hidden_norm, eps)],
+                dim=-1,
+            )
+            rotary = rotary_angles(position_ids, inv_freq)
+            x = hidden + attend(attention, attn_in, rotary, attn_bias, cache)
+            return x + gated_mlp(normalize(x, post_norm, eps), *mlp)
+
+        return step
 
     def logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden_out))

@@ -5,11 +5,18 @@ Written for tree drafting: the attention takes explicit ``position_ids`` and a 4
 mask, so one call can run several tree nodes that see different ancestors. A draft step runs
 one token at a time, where every op's fixed cost outweighs its arithmetic: q/k/v and gate/up
 run as one product each once fused (``StackedLinears``), and q and k are rotated together.
+
+The arithmetic lives in plain functions (``normalize``, ``rotary_angles``, ``attend``,
+``gated_mlp``) over tensors gathered from the modules: training calls them through the modules'
+``forward`` with freshly gathered (differentiable) parameters, and drafting gathers the fused
+inference tensors once (``DraftHead.draft_step``), because a one-token step's module calls,
+attribute lookups and wrappers cost more than its arithmetic.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +33,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # in float32 whatever the dtype; one fused op (drafting runs several norms per step)
-        if x.dtype == self.weight.dtype == torch.float32:  # the same product, weight inside
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return normalize(x, self.weight, self.eps)
+
+
+def normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32 whatever the dtype; one fused op (drafting runs several per step)."""
+    if x.dtype == weight.dtype == torch.float32:  # the same product, weight inside
+        return F.rms_norm(x, weight.shape, weight, eps)
+    normed = F.rms_norm(x.float(), weight.shape, eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 def rope_inverse_frequencies(config: HeadConfig) -> torch.Tensor:
@@ -70,10 +81,16 @@ class Rotary(nn.Module):
         return self
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # position_ids [B, Q] -> cos, sin [B, 1, Q, head_dim]
-        angles = position_ids[..., None].float() * self.inv_freq  # [B, Q, head_dim/2]
-        angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos()[:, None], angles.sin()[:, None]
+        return rotary_angles(position_ids, self.inv_freq)
+
+
+def rotary_angles(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids [B, Q] -> cos, sin [B, 1, Q, head_dim]."""
+    angles = position_ids[..., None].float() * inv_freq  # [B, Q, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos()[:, None], angles.sin()[:, None]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +120,19 @@ class Attention(nn.Module):
         # one-query bfloat16 attention slows down with the context far faster than float32's
         self.attention_dtype: torch.dtype | None = None
 
+    def parts(self) -> AttentionParts:
+        """The tensors ``attend`` needs: the fused q/k/v matrix at inference once fused, else
+        (training) the three weights stacked anew, so gradients reach each."""
+        return AttentionParts(
+            qkv=_stacked_weight(self.qkv),
+            qkv_bias=_stacked_bias(self.qkv),
+            o=self.o_proj.weight,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            attention_dtype=self.attention_dtype,
+        )
+
     def forward(
         self,
         x: torch.Tensor,  # [B, Q, input_size]
@@ -110,29 +140,64 @@ class Attention(nn.Module):
         attn_bias: torch.Tensor | None,  # [B, 1, Q, past + Q] float additive, None = causal
         cache,  # transformers Cache or None
     ) -> torch.Tensor:
-        batch, q_len, _ = x.shape
-        heads = self.num_heads + 2 * self.num_kv_heads  # q, then k, then v heads
-        qkv = self.qkv(x).view(batch, q_len, heads, self.head_dim).transpose(1, 2)
-        rotated = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], *rotary)
-        q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.num_heads + self.num_kv_heads :]
-        if self.attention_dtype is not None:
-            q, k, v = (t.to(self.attention_dtype) for t in (q, k, v))
-        if cache is not None:
-            k, v = cache.update(k, v, 0)
-        # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
-        # without a [Q, Q] mask; with a prefix, the causal mask is offset by it.
-        causal = attn_bias is None and q_len > 1
-        from_empty = causal and k.shape[2] == q_len
-        if causal and not from_empty:
-            attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
-        mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
-        # grouped KV heads are shared inside the kernel instead of copied per query head
-        grouped = self.num_heads != self.num_kv_heads
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=from_empty, enable_gqa=grouped
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1).to(x.dtype))
+        return attend(self.parts(), x, rotary, attn_bias, cache)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParts:
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, input_size]: q, then k, then v
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention_dtype: torch.dtype | None
+
+
+def attend(
+    parts: AttentionParts,
+    x: torch.Tensor,  # [B, Q, input_size]
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    attn_bias: torch.Tensor | None,  # [B, 1, Q, past + Q] float additive, None = causal
+    cache,  # anything with transformers' ``update(keys, values, layer_index)``, or None
+) -> torch.Tensor:
+    batch, q_len, _ = x.shape
+    heads, kv_heads = parts.num_heads, parts.num_kv_heads
+    qkv = F.linear(x, parts.qkv, parts.qkv_bias)  # q, then k, then v heads
+    qkv = qkv.view(batch, q_len, heads + 2 * kv_heads, parts.head_dim).transpose(1, 2)
+    rotated = apply_rotary(qkv[:, : heads + kv_heads], *rotary)
+    q, k = rotated.split([heads, kv_heads], dim=1)
+    v = qkv[:, heads + kv_heads :]
+    if parts.attention_dtype is not None:
+        q, k, v = (t.to(parts.attention_dtype) for t in (q, k, v))
+    if cache is not None:
+        k, v = cache.update(k, v, 0)
+    # A whole sequence from an empty cache is plain causal attention: SDPA's causal path,
+    # without a [Q, Q] mask; with a prefix, the causal mask is offset by it.
+    causal = attn_bias is None and q_len > 1
+    from_empty = causal and k.shape[2] == q_len
+    if causal and not from_empty:
+        attn_bias = causal_bias(q_len, k.shape[2], q.dtype, q.device)
+    mask = attn_bias.to(q.dtype) if attn_bias is not None else None  # one query sees all
+    # grouped KV heads are shared inside the kernel instead of copied per query head
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=from_empty, enable_gqa=heads != kv_heads
+    )
+    return F.linear(out.transpose(1, 2).reshape(batch, q_len, -1).to(x.dtype), parts.o)
+
+
+def _stacked_weight(stack: StackedLinears) -> torch.Tensor:
+    if not torch.is_grad_enabled() and stack.fused:
+        return stack.weight
+    return torch.cat([linear.weight for linear in stack.linears])
+
+
+def _stacked_bias(stack: StackedLinears) -> torch.Tensor | None:
+    if stack.linears[0].bias is None:
+        return None
+    if not torch.is_grad_enabled() and stack.fused:
+        return stack.bias
+    return torch.cat([linear.bias for linear in stack.linears])
 
 
 def causal_bias(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -153,6 +218,14 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up = StackedLinears(self.gate_proj, self.up_proj)
 
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate/up stacked, down): the fused matrix at inference once fused."""
+        return _stacked_weight(self.gate_up), self.down_proj.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return gated_mlp(x, *self.parts())
+
+
+def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)

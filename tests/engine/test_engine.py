@@ -101,7 +101,13 @@ def test_rounds_run_on_the_engines_thread_count_and_the_prefill_on_all() -> None
         with_kwargs=True,
     )
     head_threads: list[int] = []
-    head.register_forward_pre_hook(lambda *_: head_threads.append(torch.get_num_threads()))
+    step = drafter._step  # the head's gathered forward (no module hooks run on it)
+
+    def counted_step(*args):
+        head_threads.append(torch.get_num_threads())
+        return step(*args)
+
+    drafter._step = counted_step
     previous = torch.get_num_threads()
     torch.set_num_threads(4)
     try:

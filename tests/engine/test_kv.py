@@ -90,3 +90,31 @@ def test_a_cache_filled_under_inference_mode_still_grows_outside_it() -> None:
     with torch.no_grad():
         keys, _ = _append(cache, _entries(1, 8))
     assert torch.equal(keys[..., :3, :], first) and keys.shape[-2] == 4
+
+
+def test_the_head_cache_holds_what_the_growing_layers_hold() -> None:
+    """Appends, a cut back to the committed prefix (a draft tree dropped), appends again and
+    growth past the spare room: the head's own cache shows attention the same entries."""
+    head_cache, layered = kv.HeadCache(), kv.new_cache()
+    steps = [("append", 5), ("append", 3), ("cut", 6), ("append", 2), ("append", 90), ("cut", 4)]
+    for index, (action, count) in enumerate(steps):
+        if action == "cut":
+            head_cache.truncate(count)
+            kv.truncate(layered, count)
+            continue
+        entries = _entries(count, index)
+        keys, values = _append(head_cache, entries)
+        expected_keys, expected_values = _append(layered, entries)
+        assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+        assert head_cache.get_seq_length() == kv.cache_length(layered)
+    assert head_cache.get_seq_length() == 4
+
+
+def test_the_head_cache_filled_under_inference_mode_still_grows_outside_it() -> None:
+    cache = kv.HeadCache()
+    first = _entries(3, 7)
+    with torch.inference_mode():
+        _append(cache, first)
+    with torch.no_grad():
+        keys, _ = _append(cache, _entries(1, 8))
+    assert torch.equal(keys[..., :3, :], first) and keys.shape[-2] == 4

@@ -124,3 +124,50 @@ def test_a_fused_head_saves_and_loads(tmp_path, target) -> None:
     loaded = load_head(tmp_path)
     for key, value in head.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_the_gathered_draft_step_computes_what_the_modules_do(target, kind) -> None:
+    """The drafter's step (fused tensors gathered once, the head's own cache) against the
+    head's forward on separate linears through a transformers cache: a prompt pass, a draft
+    step and a two-node tree level."""
+    plain, fused = tiny_head(kind, target), tiny_head(kind, target)
+    for head in (plain, fused):
+        head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    assert fused.fuse_projections()
+    with torch.no_grad():
+        step = fused.draft_step()
+    features, tokens = inputs(plain, target)
+    outs = []
+    for forward, cache in ((plain, kv.new_cache()), (step, kv.HeadCache())):
+        with torch.inference_mode():
+            out = forward(
+                plain.project(features)[None], tokens[:, :5], torch.arange(5)[None], None, cache
+            )
+            one = forward(out[:, -1:], tokens[:, 5:], torch.tensor([[5]]), None, cache)
+            bias = torch.zeros(1, 1, 2, 8)
+            bias[..., 0, 7] = bias[..., 1, 6] = torch.finfo(torch.float32).min  # siblings
+            level = forward(
+                one.expand(1, 2, -1), tokens[:, :2], torch.tensor([[6, 6]]), bias, cache
+            )
+        outs.append(torch.cat([out, one, level], dim=1))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_scaled_or_foreign_embedding_keeps_its_own_forward(target) -> None:
+    """Gemma-style embeddings scale their lookup: the gathered step must call them, not index
+    their table."""
+
+    class ScaledEmbedding(torch.nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids) * 3.0
+
+    head = tiny_head("eagle3", target)
+    scaled = ScaledEmbedding(target.config.vocab_size, target.config.hidden_size)
+    head.bind_target(scaled, target.get_output_embeddings())
+    ids = torch.tensor([[1, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(head.embedder()(ids), scaled.weight[ids] * 3.0)
+    head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    with torch.no_grad():
+        torch.testing.assert_close(head.embedder()(ids), target.get_input_embeddings().weight[ids])
