@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -65,10 +64,14 @@ class StackedLinears:
                 return False
         return True
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def product_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the one product: the fused matrix at inference, else (gradients
+        on, or not fused) the members' stacked anew, so gradients reach each of them."""
         if not torch.is_grad_enabled() and self.fused:
-            return F.linear(x, self._weight, self._bias)
-        return torch.cat([linear(x) for linear in self.linears], dim=-1)
+            return self._weight, self._bias
+        linears = self.linears
+        bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+        return torch.cat([linear.weight for linear in linears]), bias
 
 
 def _restack(parameters: list[nn.Parameter]) -> torch.Tensor:

@@ -123,9 +123,10 @@ class Attention(nn.Module):
     def parts(self) -> AttentionParts:
         """The tensors ``attend`` needs: the fused q/k/v matrix at inference once fused, else
         (training) the three weights stacked anew, so gradients reach each."""
+        qkv, qkv_bias = self.qkv.product_weights()
         return AttentionParts(
-            qkv=_stacked_weight(self.qkv),
-            qkv_bias=_stacked_bias(self.qkv),
+            qkv=qkv,
+            qkv_bias=qkv_bias,
             o=self.o_proj.weight,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -186,20 +187,6 @@ def attend(
     return F.linear(out.transpose(1, 2).reshape(batch, q_len, -1).to(x.dtype), parts.o)
 
 
-def _stacked_weight(stack: StackedLinears) -> torch.Tensor:
-    if not torch.is_grad_enabled() and stack.fused:
-        return stack.weight
-    return torch.cat([linear.weight for linear in stack.linears])
-
-
-def _stacked_bias(stack: StackedLinears) -> torch.Tensor | None:
-    if stack.linears[0].bias is None:
-        return None
-    if not torch.is_grad_enabled() and stack.fused:
-        return stack.bias
-    return torch.cat([linear.bias for linear in stack.linears])
-
-
 def causal_bias(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[1, 1, q_len, kv_len] additive mask: the last q_len keys are the queries themselves."""
     past = kv_len - q_len
@@ -220,7 +207,7 @@ class GatedMLP(nn.Module):
 
     def parts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate/up stacked, down): the fused matrix at inference once fused."""
-        return _stacked_weight(self.gate_up), self.down_proj.weight
+        return self.gate_up.product_weights()[0], self.down_proj.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gated_mlp(x, *self.parts())
