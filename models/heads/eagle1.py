@@ -16,11 +16,10 @@ from models.heads.config import HeadConfig, HeadKind
 from models.heads.layers import (
     Attention,
     GatedMLP,
+    LayerParts,
     RMSNorm,
     Rotary,
-    attend,
-    gated_mlp,
-    normalize,
+    decoder_layer,
     rotary_angles,
 )
 
@@ -57,22 +56,16 @@ class Eagle1Head(DraftHead):
 
     def draft_step(self) -> DraftStep:
         layer = self.layers[0]
-        embed, attention, mlp = self.embedder(), layer.self_attn.parts(), layer.mlp.parts()
+        embed, inv_freq = self.embedder(), self.rotary.inv_freq
+        parts = LayerParts.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp)
         fc_weight, fc_bias = self.fc.weight, self.fc.bias
-        post_norm, eps, inv_freq = (
-            layer.post_attention_layernorm.weight,
-            self.config.rms_norm_eps,
-            self.rotary.inv_freq,
-        )
 
         def step(hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
             embedded = embed(token_ids)  # [1, Q, H]
-            x = F.linear(
-                torch.cat([embedded, hidden.to(embedded.dtype)], dim=-1), fc_weight, fc_bias
-            )
+            fc_in = torch.cat([embedded, hidden.to(embedded.dtype)], dim=-1)
+            x = F.linear(fc_in, fc_weight, fc_bias)
             rotary = rotary_angles(position_ids, inv_freq)
-            x = x + attend(attention, x, rotary, attn_bias, cache)
-            return x + gated_mlp(normalize(x, post_norm, eps), *mlp)
+            return decoder_layer(parts, x, x, rotary, attn_bias, cache)
 
         return step
 

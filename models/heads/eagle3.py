@@ -17,10 +17,10 @@ from models.heads.config import HeadConfig, HeadKind, default_eagle3_layer_ids
 from models.heads.layers import (
     Attention,
     GatedMLP,
+    LayerParts,
     RMSNorm,
     Rotary,
-    attend,
-    gated_mlp,
+    decoder_layer,
     normalize,
     rotary_angles,
 )
@@ -71,22 +71,16 @@ class Eagle3Head(DraftHead):
 
     def draft_step(self) -> DraftStep:
         layer = self.midlayer
-        embed, attention, mlp = self.embedder(), layer.self_attn.parts(), layer.mlp.parts()
+        embed, inv_freq = self.embedder(), self.rotary.inv_freq
+        parts = LayerParts.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp)
         input_norm, hidden_norm = layer.input_layernorm.weight, layer.hidden_norm.weight
-        post_norm, eps, inv_freq = (
-            layer.post_attention_layernorm.weight,
-            self.config.rms_norm_eps,
-            self.rotary.inv_freq,
-        )
+        eps = parts.eps
 
         def step(hidden, token_ids, position_ids, attn_bias, cache) -> torch.Tensor:
-            attn_in = torch.cat(
-                [normalize(embed(token_ids), input_norm, eps), normalize(hidden, hidden_norm, eps)],
-                dim=-1,
-            )
+            embedded = normalize(embed(token_ids), input_norm, eps)
+            attn_in = torch.cat([embedded, normalize(hidden, hidden_norm, eps)], dim=-1)
             rotary = rotary_angles(position_ids, inv_freq)
-            x = hidden + attend(attention, attn_in, rotary, attn_bias, cache)
-            return x + gated_mlp(normalize(x, post_norm, eps), *mlp)
+            return decoder_layer(parts, attn_in, hidden, rotary, attn_bias, cache)
 
         return step
 

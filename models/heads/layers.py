@@ -187,6 +187,32 @@ def attend(
     return F.linear(out.transpose(1, 2).reshape(batch, q_len, -1).to(x.dtype), parts.o)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerParts:
+    """A head layer's tensors past its input: attention, the post-attention norm, the MLP."""
+
+    attention: AttentionParts
+    post_norm: torch.Tensor
+    eps: float
+    mlp: tuple[torch.Tensor, torch.Tensor]  # (gate/up stacked, down)
+
+    @classmethod
+    def of(cls, attention: Attention, post_norm: RMSNorm, mlp: GatedMLP) -> LayerParts:
+        return cls(attention.parts(), post_norm.weight, post_norm.eps, mlp.parts())
+
+
+def decoder_layer(
+    parts: LayerParts,
+    attn_in: torch.Tensor,  # [B, Q, input_size] what attention reads
+    residual: torch.Tensor,  # [B, Q, H] what its output is added to
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    attn_bias: torch.Tensor | None,
+    cache,
+) -> torch.Tensor:
+    x = residual + attend(parts.attention, attn_in, rotary, attn_bias, cache)
+    return x + gated_mlp(normalize(x, parts.post_norm, parts.eps), *parts.mlp)
+
+
 def causal_bias(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[1, 1, q_len, kv_len] additive mask: the last q_len keys are the queries themselves."""
     past = kv_len - q_len

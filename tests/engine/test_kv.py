@@ -3,6 +3,7 @@ the whole history, and hold exactly what concatenation would, through gathers an
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.engine import kv
@@ -82,16 +83,6 @@ def test_growing_past_the_room_and_replaced_tensors_start_a_new_buffer() -> None
     assert keys.data_ptr() == layer._key_buffer.data_ptr()
 
 
-def test_a_cache_filled_under_inference_mode_still_grows_outside_it() -> None:
-    cache = kv.new_cache()
-    first = _entries(3, 7)
-    with torch.inference_mode():
-        _append(cache, first)
-    with torch.no_grad():
-        keys, _ = _append(cache, _entries(1, 8))
-    assert torch.equal(keys[..., :3, :], first) and keys.shape[-2] == 4
-
-
 def test_the_head_cache_holds_what_the_growing_layers_hold() -> None:
     """Appends, a cut back to the committed prefix (a draft tree dropped), appends again and
     growth past the spare room: the head's own cache shows attention the same entries."""
@@ -110,8 +101,9 @@ def test_the_head_cache_holds_what_the_growing_layers_hold() -> None:
     assert head_cache.get_seq_length() == 4
 
 
-def test_the_head_cache_filled_under_inference_mode_still_grows_outside_it() -> None:
-    cache = kv.HeadCache()
+@pytest.mark.parametrize("make_cache", [kv.new_cache, kv.HeadCache], ids=["layers", "head"])
+def test_a_cache_filled_under_inference_mode_still_grows_outside_it(make_cache) -> None:
+    cache = make_cache()
     first = _entries(3, 7)
     with torch.inference_mode():
         _append(cache, first)
