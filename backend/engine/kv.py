@@ -61,16 +61,24 @@ def _append(
         and (torch.is_inference_mode_enabled() or not buffer.is_inference())
     )
     if not fits:
-        capacity = end + max(_MIN_SPARE, end // 4)
-        grown = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
-        if length:
-            grown[..., :length, :] = stored
-        buffer = grown
+        buffer = _regrown(stored, new, length, end)
     buffer[..., length:end, :] = new
     return buffer[..., :end, :], buffer
 
 
 _MIN_SPARE = 64  # entries of room past the end at least: a few rounds before the next copy
+
+
+def _regrown(
+    buffer: torch.Tensor | None, like: torch.Tensor, length: int, end: int
+) -> torch.Tensor:
+    """A buffer for ``end`` entries and a quarter spare, holding the first ``length`` of
+    ``buffer``."""
+    capacity = end + max(_MIN_SPARE, end // 4)
+    grown = like.new_empty(*like.shape[:-2], capacity, like.shape[-1])
+    if length:
+        grown[..., :length, :] = buffer[..., :length, :]
+    return grown
 
 
 class WindowedLayer(GrowingLayer):
@@ -136,18 +144,6 @@ class HeadCache:
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
-
-
-def _regrown(
-    buffer: torch.Tensor | None, like: torch.Tensor, length: int, end: int
-) -> torch.Tensor:
-    """A buffer for ``end`` entries and a quarter spare, holding the first ``length`` of
-    ``buffer``."""
-    capacity = end + max(_MIN_SPARE, end // 4)
-    grown = like.new_empty(*like.shape[:-2], capacity, like.shape[-1])
-    if length:
-        grown[..., :length, :] = buffer[..., :length, :]
-    return grown
 
 
 def new_cache(layer_windows: tuple[int | None, ...] = ()) -> DynamicCache:

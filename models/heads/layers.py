@@ -7,7 +7,7 @@ one token at a time, where every op's fixed cost outweighs its arithmetic: q/k/v
 run as one product each once fused (``StackedLinears``), and q and k are rotated together.
 
 The arithmetic lives in plain functions (``normalize``, ``rotary_angles``, ``attend``,
-``gated_mlp``) over tensors gathered from the modules: training calls them through the modules'
+``gated_mlp``) over tensors gathered from the modules: training calls them through the head's
 ``forward`` with freshly gathered (differentiable) parameters, and drafting gathers the fused
 inference tensors once (``DraftHead.draft_step``), because a one-token step's module calls,
 attribute lookups and wrappers cost more than its arithmetic.
@@ -103,7 +103,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """Llama attention whose KV lives in a transformers cache (layer 0 of that cache)."""
+    """Llama attention's parameters; its arithmetic is ``attend`` (KV in layer 0 of the cache it
+    is given)."""
 
     def __init__(self, config: HeadConfig, input_size: int) -> None:
         super().__init__()
@@ -133,15 +134,6 @@ class Attention(nn.Module):
             head_dim=self.head_dim,
             attention_dtype=self.attention_dtype,
         )
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, Q, input_size]
-        rotary: tuple[torch.Tensor, torch.Tensor],
-        attn_bias: torch.Tensor | None,  # [B, 1, Q, past + Q] float additive, None = causal
-        cache,  # transformers Cache or None
-    ) -> torch.Tensor:
-        return attend(self.parts(), x, rotary, attn_bias, cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +226,6 @@ class GatedMLP(nn.Module):
     def parts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate/up stacked, down): the fused matrix at inference once fused."""
         return self.gate_up.product_weights()[0], self.down_proj.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_mlp(x, *self.parts())
 
 
 def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
