@@ -147,15 +147,14 @@ class ReplyText:
         self.filter = StopStringFilter(stop_strings)
         self.shown = ""
 
-    def add(self, tokens: list[int], num_accepted: int) -> tuple[list[int], tuple[TextSpan, ...]]:
-        """This round's tokens (the first ``num_accepted`` were drafts) -> the tokens kept (all
-        but those from a completed stop string on) and the text spans to show now. The text is
-        cut exactly; a token in which the stop string begins is dropped from the ids, while its
-        text before the stop string is kept."""
-        pieces = [
-            (self.detok.add([token]), "draft" if index < num_accepted else "target")
-            for index, token in enumerate(tokens)
-        ]
+    def add(
+        self, tokens: list[int], sources: Sequence[TokenSource]
+    ) -> tuple[list[int], tuple[TextSpan, ...]]:
+        """This round's tokens and who wrote each -> the tokens kept (all but those from a
+        completed stop string on) and the text spans to show now. The text is cut exactly; a
+        token in which the stop string begins is dropped from the ids, while its text before
+        the stop string is kept."""
+        pieces = [(self.detok.add([token]), source) for token, source in zip(tokens, sources)]
         released, kept = self.filter.feed(pieces)  # type: ignore[arg-type]
         spans: list[TextSpan] = []
         for text, source in released:

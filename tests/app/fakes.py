@@ -38,9 +38,9 @@ from backend.services.catalog import PairSpec
 # (spans, accepted drafts) per round; round 0 is the prefill's token.
 SCRIPT: tuple[tuple[tuple[tuple[str, str], ...], int], ...] = (
     ((("Hello", "target"),), 0),
-    (((" there", "draft"), (",", "draft"), (" friend", "target")), 2),
+    (((" there", "head"), (",", "head"), (" friend", "target")), 2),
     (((" how", "target"),), 0),
-    (((" are", "draft"), (" you", "draft"), (" today", "draft"), ("?", "target")), 3),
+    (((" are", "head"), (" you", "head"), (" today", "head"), ("?", "target")), 3),
 )
 
 

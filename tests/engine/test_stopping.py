@@ -47,10 +47,10 @@ def test_stop_string_inside_one_round_keeps_the_tokens_before_it() -> None:
 
 def test_held_text_that_is_no_stop_string_is_released() -> None:
     stops = StopStringFilter(("###User:",))
-    released, _ = stops.feed([("ab##", "draft")])
+    released, _ = stops.feed([("ab##", "head")])
     assert "".join(t for t, _ in released) == "ab"
     released, count = stops.feed([("x", "target")])
-    assert released == [("##", "draft"), ("x", "target")] and count is None
+    assert released == [("##", "head"), ("x", "target")] and count is None
 
 
 def test_turn_marker_accepted_mid_round_is_cut_with_what_follows() -> None:
