@@ -26,7 +26,7 @@ from backend.frontends.flags import (
     add_sampling_flags,
     add_tree_flags,
 )
-from backend.services.catalog import find_pair
+from backend.frontends.pairs import chosen_pair
 from backend.services.dtypes import choose_dtype
 
 _TREE = TreeConfig()
@@ -53,10 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_config_from(args: argparse.Namespace) -> LoadConfig:
     """A LoadConfig from --pair or --target/--head and the loading flags."""
     target, head, dtype = args.target, args.head, args.dtype
-    if args.pair:
-        if target:
-            raise ConfigError("give --pair or --target, not both")
-        spec = find_pair(args.pair)
+    spec = chosen_pair(args)
+    if spec is not None:
         target, head = spec.target, head or spec.head
         dtype = choose_dtype(dtype, choose_device(), preferred=spec.dtype)
     if not target:
