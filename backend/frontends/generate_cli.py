@@ -1,6 +1,7 @@
 """``python launch.py generate``: one prompt through EAGLE or vanilla decoding.
 
 python launch.py generate --target PATH --head PATH --prompt "Hello" --json
+python launch.py generate --pair demo --prompt "Count to ten" --stop "5" --stop "five"
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_sampling_flags(parser)
     add_flags(parser, "max-new-tokens")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the reply right before this text (repeatable)",
+    )
     add_tree_flags(parser)
     add_loading_flags(parser)
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
@@ -77,6 +85,7 @@ def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfi
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
         tree=tree_config(args),
+        stop=tuple(args.stop),
     )
     return load, generation
 
