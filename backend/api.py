@@ -50,7 +50,7 @@ from backend.events import (
 )
 from backend.services import hub_mode, planning, tuning_cache
 from backend.services import race as racing
-from backend.services.catalog import PairSpec, load_catalog
+from backend.services.catalog import PairSpec, find_pair, load_catalog
 from backend.services.dtypes import choose_dtype
 from backend.services.generation_queue import GenerationQueue
 from backend.services.loading import LoadedPair, load_steps, prepare
@@ -77,6 +77,10 @@ class Backend:
     # ---- models ------------------------------------------------------------------------------
     def catalog(self) -> list[PairSpec]:
         return load_catalog(self._catalog_path)
+
+    def find_pair(self, name: str) -> PairSpec:
+        """The catalog pair called ``name``; a ConfigError names the known ones otherwise."""
+        return find_pair(name, self._catalog_path)
 
     def plan(
         self,

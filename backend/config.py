@@ -102,7 +102,9 @@ class GenerationConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tree: TreeConfig = field(default_factory=lambda: TreeConfig(auto=True))
-    stop_on_eos: bool = True
+    stop_on_eos: bool = True  # False: the pair's own stops (EOS, turn markers) are off
+    # this request's stop strings, on top of the pair's: the reply ends right before the first
+    stop: tuple[str, ...] = ()
     # draft sources of an auto-tuned round (a fixed tree drafts from the head alone); without a
     # head only the context drafts
     drafts: DraftSources = "both"
@@ -112,6 +114,11 @@ class GenerationConfig:
             raise ConfigError(f"mode must be 'eagle' or 'vanilla', got {self.mode!r}")
         if self.drafts not in get_args(DraftSources):
             raise ConfigError(f"drafts must be head|context|both, got {self.drafts!r}")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InputError(
+                f"stop strings must be non-empty texts, got {self.stop!r}",
+                hint="leave out empty stop strings",
+            )
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InputError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"

@@ -26,6 +26,7 @@ from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
 from backend.engine.stopping import ReplyText, StopSpec
 from backend.engine.target import TargetRunner
+from backend.errors import InputError
 from backend.events import GenerationEvent, Started
 
 
@@ -86,7 +87,8 @@ class Engine:
         request_id: str | None = None,
     ) -> Iterator[GenerationEvent]:
         """Stream one generation. Raises InputError before the first event on bad input.
-        ``config.stop_on_eos=False`` turns every stop rule off (the budget still holds)."""
+        ``config.stop_on_eos=False`` turns the pair's stop rules off; the budget and the
+        request's own stop strings (``config.stop``) still hold."""
         check_prompt(prompt_ids, self.runner)
         decoding = self._decoding(len(prompt_ids), config, request_id or uuid.uuid4().hex[:12])
         yield Started(decoding.request_id, config.mode, len(prompt_ids))
@@ -105,7 +107,9 @@ class Engine:
         policy = None
         if speculative and (config.tree.auto or drafter is None):  # no head: context drafts
             policy = self.tree_policy(not config.sampling.greedy, config.drafts)
-        stops = self.stops if config.stop_on_eos else StopSpec()
+        stops = (self.stops if config.stop_on_eos else StopSpec()).with_strings(config.stop)
+        if config.stop and self.tokenizer is None:
+            raise InputError("stop strings need the reply text, and this engine makes none")
         return Decoding(
             request_id=request_id,
             target=self.runner,

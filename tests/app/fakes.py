@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.errors import EagleChatError
+from backend.errors import ConfigError, EagleChatError
 from backend.events import (
     BackendStatus,
     Downloaded,
@@ -206,6 +206,14 @@ class FakeBackend:
 
     def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
         return "offline mode was asked for (--offline)" if asked_offline else None
+
+    def find_pair(self, name: str) -> PairSpec:
+        pairs = self.catalog()
+        found = next((pair for pair in pairs if pair.name == name), None)
+        if found is None:
+            known = ", ".join(pair.name for pair in pairs)
+            raise ConfigError(f"unknown pair {name!r}", hint=f"known pairs: {known}")
+        return found
 
     def default_dtype(self, preferred: str = "auto") -> str:
         return "float32"  # what a CPU without bf16 matrix units gets

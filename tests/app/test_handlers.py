@@ -246,7 +246,7 @@ def test_clear_during_a_reply_discards_its_output() -> None:
 
 
 def _args(**overrides) -> argparse.Namespace:
-    values = dict(target=None, head=None, dtype=None, quantize="none")
+    values = dict(pair=None, target=None, head=None, dtype=None, quantize="none")
     return argparse.Namespace(**(values | overrides))
 
 
@@ -265,6 +265,25 @@ def test_startup_pair_and_missing_demo(tmp_path) -> None:
         None,
         "",
     )
+
+
+def test_startup_pair_from_the_catalog() -> None:
+    backend = FakeBackend()
+    config, selected, notice = startup_pair(backend, _args(pair="gated-pair", quantize="4bit"))
+    assert (config.target, config.head, config.quantization, selected, notice) == (
+        "org/target",
+        "org/head",
+        "4bit",
+        "gated-pair",
+        "",
+    )
+    config, _, _ = startup_pair(backend, _args(pair="gated-pair", head="org/other-head"))
+    assert config.head == "org/other-head"
+    with pytest.raises(ConfigError, match="unknown pair 'nope'") as info:
+        startup_pair(backend, _args(pair="nope"))
+    assert "demo" in info.value.hint
+    with pytest.raises(ConfigError, match="--pair or --target"):
+        startup_pair(backend, _args(pair="demo", target="org/t"))
 
 
 def test_exposure_needs_auth() -> None:
@@ -320,6 +339,7 @@ def test_run_launches_on_loopback_with_assets(monkeypatch) -> None:
         port=7999,
         share=False,
         auth=None,
+        pair=None,
         target="org/t",
         head="org/h",
         quantize="none",
