@@ -81,11 +81,12 @@ def load_config_from(args: argparse.Namespace) -> LoadConfig:
 def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
     load = load_config_from(args)
     generation = GenerationConfig(
-        mode=args.mode or ("eagle" if load.head else "vanilla"),
+        mode=args.mode or "eagle",  # without a head, EAGLE mode drafts from the context
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
         tree=tree_config(args),
         stop=tuple(args.stop),
+        drafts=args.drafts,
     )
     return load, generation
 
