@@ -1,20 +1,9 @@
-"""The round auto-tuner: a small bandit over what a round drafts (the whole rule, with the reason
-for every constant, is in docs/tuning.md).
+"""The round auto-tuner: a small bandit over what a round drafts. docs/tuning.md gives the whole
+rule and the reason for every constant.
 
-An arm is one round's drafts: a head shape (or none) plus up to ``chains`` context chains of
-``context`` tokens (or none); the plain step drafts nothing. Its value is tokens per round /
-seconds per round, each a fading mean over the last WINDOW rounds or so:
-- tokens come from exact replay: a verified head tree tells what every head shape it covers
-  would have accepted (replay.py); each round's context candidates are scored against the text
-  that followed them, so context arms learn whether or not the round carried them. Repetition
-  comes in runs, so context arms keep apart the rounds right after a context hit (the last
-  round's candidate held its first token) and the rest;
-- seconds are the arm's own measured rounds after a prior of one round at its calibrated price
-  (times how real rounds compare with calibration lately).
-Exploration is Thompson sampling with one normal draw per round for every arm (the arms learn
-from the same rounds, so their errors move together). An arm's prior is one round, give or take
-PRIOR_SPREAD tokens, at what the arms it covers accept, grown linearly with a deeper head; before
-any round PRIOR_ACCEPT per draft.
+An arm is a head shape (or none) plus a context option (or none); its value is replayed tokens
+per round over measured seconds per round, each a fading mean. Thompson sampling with one normal
+draw per round picks the arm; an arm's prior for tokens is what the arms it covers accept.
 """
 
 from __future__ import annotations
@@ -27,8 +16,7 @@ from dataclasses import dataclass, field
 from backend.config import DraftSources, TreeConfig
 from backend.engine.calibration import CostModel
 from backend.engine.context_drafts import matched_length
-from backend.engine.replay import covers, replay_accepted
-from backend.engine.tree import DraftTree
+from backend.engine.replay import covers
 
 
 def _shapes(*specs: tuple[int, int, int]) -> tuple[TreeConfig, ...]:
@@ -85,9 +73,6 @@ class FadingMean:
         self.mean += weight * delta
         self.spread = (1.0 - weight) * (self.spread + weight * delta * delta)
 
-    def values(self) -> list[float]:
-        return [self.count, self.mean, self.spread]
-
 
 @dataclass(slots=True)
 class ArmStats:
@@ -126,7 +111,7 @@ class TreePolicy:
         self._calibrated = {arm: self.calibrated_s(arm) for arm in self.arms}
         # smaller arms first, each with the positions of its largest covered drafting arms and
         # how many times deeper its head is than theirs, when that is all it adds (see _prior)
-        self._order = sorted(self.arms, key=_size)
+        self._order = sorted(self.arms, key=lambda a: (_shape(a.head), a.context, a.chains))
         self._covered = [
             [
                 (self._order.index(c), _growth(c, a))
@@ -139,9 +124,8 @@ class TreePolicy:
         self.hit = False  # the last round's context candidate held its first token
         self._pending: list[_Pending] = []  # rounds whose context candidates are undecided
         self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats]]] = {}
-        for arm in self.arms:
-            option = self._by_option.setdefault((arm.context, arm.chains), [])
-            option.append((arm, self.stats[arm]))
+        for arm, stats in self.stats.items():
+            self._by_option.setdefault((arm.context, arm.chains), []).append((arm, stats))
         self._random = random.Random(seed)
 
     @classmethod
@@ -211,20 +195,6 @@ class TreePolicy:
         return seconds
 
     # ---- learning ------------------------------------------------------------------------
-    def head_replays(
-        self, arm: Arm, head_tree: DraftTree, correct, head_accepted: int
-    ) -> dict[TreeConfig | None, int]:
-        """Accepted head drafts of every head shape this round covered (None: no head drafts):
-        replayed from the greedy verdicts (``correct``, the head's nodes), else a chain's
-        prefixes (sampled chains)."""
-        covered = [s for s in self.heads if arm.head is not None and covers(arm.head, s)]
-        replayed: dict[TreeConfig | None, int] = {None: 0}
-        if covered and correct is not None:
-            replayed.update(zip(covered, replay_accepted(head_tree, correct, covered)))
-        else:
-            replayed.update((s, min(head_accepted, s.depth)) for s in covered)
-        return replayed
-
     def observe(
         self,
         arm: Arm,
@@ -267,12 +237,10 @@ class TreePolicy:
 
     # ---- what it learned, kept across launches (backend/services/tuning_cache.py) --------
     def learned(self) -> dict:
+        means = lambda *m: [v for mean in m for v in (mean.count, mean.mean, mean.spread)]  # noqa: E731
         return {
-            "arms": {
-                _name(a): s.seconds.values() + s.tokens[0].values() + s.tokens[1].values()
-                for a, s in self.stats.items()
-            },
-            "ratio": self.ratio.values(),
+            "arms": {_name(a): means(s.seconds, *s.tokens) for a, s in self.stats.items()},
+            "ratio": means(self.ratio),
         }
 
     def restore(self, data: dict, with_times: bool = True) -> None:
@@ -303,9 +271,8 @@ def _drawn(mean: FadingMean, prior: float, spread: float, luck: float) -> float:
     return centre + math.sqrt(variance / (count + 1.0)) * luck
 
 
-def _size(arm: Arm) -> tuple[int, ...]:
-    head = (arm.head.total_tokens, arm.head.depth, arm.head.top_k) if arm.head else (0, 0, 0)
-    return (*head, arm.context, arm.chains)
+def _shape(head: TreeConfig | None) -> tuple[int, int, int]:
+    return (head.total_tokens, head.depth, head.top_k) if head else (0, 0, 0)
 
 
 def _growth(small: Arm, big: Arm) -> float | None:
@@ -327,6 +294,6 @@ def _covers(big: Arm, small: Arm) -> bool:
     return heads and small.context <= big.context and small.chains <= big.chains
 
 
-def _name(arm: Arm) -> str:
-    head = f"{arm.head.total_tokens}/{arm.head.depth}/{arm.head.top_k}" if arm.head else "-"
+def _name(arm: Arm) -> str:  # "16/5/4|12x1", "-|0x0" for the plain step
+    head = "/".join(map(str, _shape(arm.head))) if arm.head else "-"
     return f"{head}|{arm.context}x{arm.chains}"

@@ -28,6 +28,7 @@ from backend.engine.calibration import CostModel, RoundThreads
 from backend.engine.context_drafts import ContextIndex
 from backend.engine.device import cpu_threads, now
 from backend.engine.drafter import Drafter
+from backend.engine.replay import replay_heads
 from backend.engine.sampling import make_generator, next_token
 from backend.engine.stats import SpecStats, explain
 from backend.engine.stopping import ReplyText, StopCheck, StopSpec
@@ -224,7 +225,7 @@ class Decoding:
         took; a round whose head first caught up with rounds it sat out is no lesson on time."""
         correct = None if acceptance.correct is None else acceptance.correct[: head_tree.size]
         head_accepted = sum(node < head_tree.size for node in acceptance.accepted_nodes)
-        replayed = self.policy.head_replays(arm, head_tree, correct, head_accepted)
+        replayed = replay_heads(arm.head, self.policy.heads, head_tree, correct, head_accepted)
         catch_up = arm.head is not None and self.head_behind
         text = self.context.tokens if self.context is not None else ()
         self.policy.observe(arm, replayed, candidates, text, start, None if catch_up else seconds)
