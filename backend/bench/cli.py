@@ -44,7 +44,8 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sweep-text",
         default=str(DEFAULT_FILLER),
-        help="text whose opening lengthens the prompts of a sweep (default: README.md)",
+        help="text whose opening lengthens the prompts of a sweep (default: a public-domain "
+        "book in ../shared/data)",
     )
 
 
