@@ -103,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft sources of EAGLE's automatic rounds: head, context (copied from the prompt "
         "and the reply so far) or both; more than one adds a row per source (e.g. both head)",
     )
+    parser.add_argument(
+        "--no-head",
+        action="store_true",
+        help="load the target without its head: EAGLE rounds draft from the context alone "
+        "(prompt-lookup mode)",
+    )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
         "--cold-runs",
@@ -152,18 +158,21 @@ def run(args: argparse.Namespace) -> int:
                 args.synthetic, Path(scratch), perfect=args.perfect_drafts
             )
             return _run(args, str(target), str(head))
+    if args.no_head and args.compare_trees:
+        raise ConfigError("fixed trees need a head", hint="leave out --no-head or --compare-trees")
     if args.pair:
         spec = find_pair(args.pair)
-        return _run(args, spec.target, spec.head, spec.dtype, spec.prompt_format)
-    if args.target and args.head:
-        return _run(args, args.target, args.head)
-    raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
+        head = None if args.no_head else spec.head
+        return _run(args, spec.target, head, spec.dtype, spec.prompt_format)
+    if args.target and (args.head or args.no_head):
+        return _run(args, args.target, None if args.no_head else args.head)
+    raise ConfigError("give --pair NAME, --target and --head (or --no-head), or --synthetic SHAPE")
 
 
 def _run(
     args: argparse.Namespace,
     target: str,
-    head: str,
+    head: str | None,
     pair_dtype: str = "auto",
     prompt_format: str = "auto",
 ) -> int:
