@@ -8,7 +8,8 @@ where drafts copied from the context pay.
 - ``structured``: a document of repeated fields (self-instruct tasks as Task / Instruction /
   Input / Output blocks) to be continued in the same structure;
 - ``multi-turn``: MT-bench's two-turn questions; the bench plays the first turn, and the second
-  (often "rewrite your previous answer ...") is measured.
+  (often "rewrite your previous answer ...") is measured;
+- ``repeats``: the four in turn (one prompt of each, then the next of each ...).
 """
 
 from __future__ import annotations
@@ -117,11 +118,17 @@ def multi_turn() -> list[BenchPrompt]:
     ]
 
 
+def repeats() -> list[BenchPrompt]:
+    sets = [code_rewrite(), quotes(), structured(), multi_turn()]
+    return [prompt for group in zip(*sets) for prompt in group]
+
+
 SETS: dict[str, Callable[[], list[BenchPrompt]]] = {
     "code-rewrite": code_rewrite,
     "quotes": quotes,
     "structured": structured,
     "multi-turn": multi_turn,
+    "repeats": repeats,
 }
 
 

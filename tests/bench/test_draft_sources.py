@@ -28,6 +28,9 @@ def test_each_set_builds_from_the_shared_text(name: str) -> None:
     assert len({p.text for p in prompts}) == SET_SIZE
     if name == "multi-turn":
         assert all(len(p.earlier) == 1 and p.earlier[0] != p.text for p in prompts)
+    elif name == "repeats":  # the four sets in turn
+        assert [p.category for p in prompts[:3]] == ["code-rewrite", "quotes", "structured"]
+        assert prompts[3].earlier and prompts[4].category == "code-rewrite"
     else:
         assert all(not p.earlier for p in prompts)
 
