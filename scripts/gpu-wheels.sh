@@ -5,7 +5,7 @@
 #
 # - bitsandbytes: for the 8-bit/4-bit GPU tests. Its wheel holds a native library per CUDA and
 #   ROCm release (tens of MiB); only the CUDA 12.6, 12.8 and 13.0 ones are kept (bitsandbytes
-#   picks the newest kept release of the runtime's major version). Dropped again when the
+#   loads the nearest one of the runtime's CUDA major version). Dropped again when the
 #   result does not fit, and the bitsandbytes tests then skip with that reason.
 # - not gradio (the backend never imports it), not gguf (no GGUF file can travel).
 #

@@ -30,17 +30,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 480  # everything within 8 minutes on one H100: a device command may run 10
-TESTS_S = 240
-BENCH_S = 110
+TESTS_S = 270
+BENCH_S = 95
 LOG_LINES = 150  # of each step's output, in logs.txt
 # bench settings: small enough for the budget, enough rounds to read round costs from
 BENCH_FLAGS = ["--limit", "3", "--max-new-tokens", "48", "--repeats", "1", "--no-prompt-lookup"]
 COMPARE_TREES = ["--compare-trees", "16/5/4", "60/6/10"]  # a CPU-sized and a GPU-sized tree
-# on a CPU, skip the load-time timing of CPU-only choices (projection forms, thread count): a
-# GPU load never runs it
-CPU_ONLY_FLAGS = ["--readout", "stock", "--decoder-forms", "stock"]
-CPU_ONLY_FLAGS += ["--round-threads", str(os.cpu_count() or 1)]
-CPU_SLOWNESS = 3  # the rehearsal's time limits, in multiples of the GPU's
+# on a CPU, skip the load-time timing of what a GPU load never times (the output projections'
+# CPU forms, the thread count); the decoder's fused projections are timed on a GPU too
+CPU_ONLY_FLAGS = ["--readout", "stock", "--round-threads", str(os.cpu_count() or 1)]
+CPU_SLOWNESS = 4  # the rehearsal's time limits, in multiples of the GPU's
 ENVIRONMENT_PROBE = """
 import json, platform, torch, transformers, accelerate, huggingface_hub, safetensors, tokenizers
 cuda = torch.cuda.is_available()
@@ -147,7 +146,7 @@ def wheels(run: Run, check: Check) -> None:
     if not found:
         check.status, check.line = "skip", "no wheels carried (.whl/ is empty or absent)"
         return
-    target = Path(tempfile.mkdtemp(prefix="eaglechat-wheels-"))
+    target = run.scratch / "wheels"
     for wheel in found:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(target)
@@ -213,16 +212,30 @@ def bench(run: Run, check: Check, perfect: bool) -> None:
     if (run.scratch / folder / "speed.png").is_file():
         shutil.copy(run.scratch / folder / "speed.png", run.out / f"{folder}.png")
     data = json.loads(results.read_text())
-    summary = data["summary"]
-    check.details = {"command": data["command"], "summary": summary, "costs": data["costs"]}
-    eagle, vanilla = summary["eagle"], summary["vanilla"]
-    check.line = (
-        f"vanilla {vanilla['tokens_per_s']:.1f} tok/s, EAGLE {eagle['tokens_per_s']:.1f} tok/s "
-        f"(x{eagle['speedup']:.2f}, tau {eagle['tau']:.2f}), identical "
-        f"{eagle['identical']}/{data['settings']['num_prompts']}"
-    )
-    if eagle["identical"] != data["settings"]["num_prompts"]:
+    check.details = {"command": data["command"], "summary": data["summary"], "costs": data["costs"]}
+    check.line, identical = bench_verdict(data)
+    if perfect and not identical:
         check.status = "fail"
+
+
+def bench_verdict(data: dict) -> tuple[str, bool]:
+    """A bench's line (speeds, tau, identity per EAGLE tree) and whether every EAGLE reply was
+    identical to vanilla decoding. Identity is a float32 guarantee: in bfloat16 a tree's forward
+    rounds otherwise than single steps, and a random model's near-ties can part ways; perfect
+    drafts rank strictly even in bfloat16, so there any difference is a bug."""
+    summary, prompts = data["summary"], data["settings"]["num_prompts"]
+    eagle, vanilla = summary["eagle"], summary["vanilla"]
+    identical = {
+        method.replace("eagle@", "").replace("eagle", "auto"): result["identical"]
+        for method, result in summary.items()
+        if method.startswith("eagle")
+    }
+    line = (
+        f"vanilla {vanilla['tokens_per_s']:.1f} tok/s, EAGLE {eagle['tokens_per_s']:.1f} tok/s "
+        f"(x{eagle['speedup']:.2f}, tau {eagle['tau']:.2f}); identical to vanilla of "
+        f"{prompts}: " + ", ".join(f"{tree} {count}" for tree, count in identical.items())
+    )
+    return line, all(count == prompts for count in identical.values())
 
 
 def write_outputs(run: Run) -> None:
@@ -289,19 +302,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-dtype", default="bfloat16")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="eaglechat-gpu-check-"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg")
-    env["EAGLECHAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eaglechat-gpu-check-cache-")
+    env["EAGLECHAT_CACHE_DIR"] = str(scratch / "cache")  # nothing timed earlier is reused
     if args.device == "cpu":
         env["EAGLECHAT_GPU_TESTS_ON_CPU"] = "1"
-    scratch = Path(tempfile.mkdtemp(prefix="eaglechat-gpu-check-"))
     run = Run(args.out.resolve(), scratch, args.device, args.bench_shape, args.bench_dtype, env)
-    run.step("environment", lambda check: environment(run, check))
-    run.step("wheels", lambda check: wheels(run, check))
-    run.step("imports", lambda check: imports(run, check))
-    run.step("gpu tests", lambda check: gpu_tests(run, check))
-    run.step("bench perfect drafts", lambda check: bench(run, check, perfect=True))
-    run.step("bench random drafts", lambda check: bench(run, check, perfect=False))
-    write_outputs(run)
+    try:
+        run.step("environment", lambda check: environment(run, check))
+        run.step("wheels", lambda check: wheels(run, check))
+        run.step("imports", lambda check: imports(run, check))
+        run.step("gpu tests", lambda check: gpu_tests(run, check))
+        run.step("bench perfect drafts", lambda check: bench(run, check, perfect=True))
+        run.step("bench random drafts", lambda check: bench(run, check, perfect=False))
+        write_outputs(run)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     failed = [c.name for c in run.checks if c.status == "fail"]
     total = time.monotonic() - run.started
     print(
