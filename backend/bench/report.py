@@ -303,18 +303,15 @@ def _run_facts(result: BenchResult) -> list[str]:
     if "calibration_s" in s:
         calibration = s["calibration_s"]
         facts.append(
-            f"tree calibration at load {calibration:.1f} s"
+            f"round-cost calibration at load {calibration:.1f} s"
             if calibration
-            else "tree calibration read from the on-disk cache"
+            else "round costs read from the on-disk cache"
         )
     if "tuning_restored" in s:
-        lesson = s.get("tuning_lesson_rounds", 0)
         facts.append(
-            "tree tuner started from what an earlier run learned"
+            "round tuner started from what an earlier run learned"
             if s["tuning_restored"]
-            else f"tree tuner taught at load ({lesson} rounds of short replies)"
-            if lesson
-            else "tree tuner started afresh"
+            else "round tuner started afresh"
         )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")

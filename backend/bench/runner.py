@@ -259,7 +259,6 @@ def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
         "machine": machine_description(pair.engine.runner.device),
         "calibration_s": round(pair.calibration_s, 2),
         "tuning_restored": pair.tuning_restored,
-        "tuning_lesson_rounds": pair.tuning_lesson_rounds,
         "readout": pair.readout_forms,
         "decoder_forms": pair.decoder_forms,
         "round_threads": pair.round_threads.to_json(),

@@ -2,6 +2,7 @@
 
     python launch.py train-head --target ./my-model --data sharegpt.json --kind eagle3 \\
         --out ./my-head --steps 2000 --regenerate --draft-vocab-size 32000
+    python launch.py train-head --pair demo --data chats.jsonl --out ./my-head  # its head's kind
     # interrupted? add --resume to continue from the newest checkpoint in --out
 
 Loads the target (frozen) and its tokenizer from a local directory, reads and tokenises the
@@ -32,6 +33,7 @@ from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
 from backend.events import Finished, average_acceptance_length
 from backend.frontends.flags import add_flags
+from backend.frontends.pairs import chosen_pair, local_files
 from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import TargetSource, local_source
 from models.chat_format import encode_prompt, eos_token_ids
@@ -59,9 +61,8 @@ REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target", required=True, help="local directory of the target model, or its .gguf file"
-    )
+    add_flags(parser, "pair")
+    parser.add_argument("--target", help="local directory of the target model, or its .gguf file")
     add_flags(parser, "gguf-file")
     parser.add_argument(
         "--data",
@@ -77,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "held-out pieces",
     )
     parser.add_argument("--eval-prompt-tokens", type=int, default=64)
-    parser.add_argument("--kind", required=True, choices=[k.value for k in HeadKind])
+    parser.add_argument("--kind", choices=[k.value for k in HeadKind], help="default: --pair's")
     parser.add_argument("--out", required=True, help="output directory of the head")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -148,9 +149,23 @@ def summary_line(result: TrainResult, held_out: int) -> str:
     )
 
 
+def target_and_kind(args: argparse.Namespace) -> tuple[str, str]:
+    """The target's local path and the head kind to train: as given, or the --pair's."""
+    pair = chosen_pair(args)
+    if pair is None:
+        if not args.target or not args.kind:
+            raise ConfigError(
+                "name the target and the head kind, or a catalog pair",
+                hint="--target PATH --kind eagle3, or --pair demo",
+            )
+        return args.target, args.kind
+    return local_files(pair.target, "target"), args.kind or pair.head_kind
+
+
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
+    target, kind = target_and_kind(args)  # before the device is chosen: a bad flag fails fast
     device = choose_device(args.device)
-    model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
+    model, tokenizer = load_target(local_source(target, args.gguf_file), args.dtype, device)
     conversations = [c for path in args.data for c in _read_data(path, args)]
     train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
     if args.regenerate:
@@ -158,7 +173,7 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
     logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
     config = TrainConfig(
-        kind=args.kind,
+        kind=kind,
         out_dir=args.out,
         steps=args.steps,
         epochs=args.epochs,

@@ -1,6 +1,7 @@
 """fp32 greedy identity on the device: EAGLE == vanilla == transformers' ``generate`` for random
-Llama and Qwen3 targets, Mistral and Gemma 3 targets past their sliding window, and the bundled
-demo pair, with both head kinds. The checks are the CPU tests' own, run where the tensors are."""
+Llama and Qwen3 targets (also with context drafts merged into the tree), Mistral and Gemma 3
+targets past their sliding window, and the bundled demo pair, with both head kinds. The checks
+are the CPU tests' own, run where the tensors are."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from backend.config import LoadConfig
 from backend.services.loading import load_pair
-from tests.engine.test_loop_identity import assert_identity, hf_greedy
+from tests.engine.test_loop_identity import assert_identity, assert_merged_identity, hf_greedy
 from tests.engine.test_sliding_window import assert_identity_past_the_window, sliding_target
 from tests.factories import tiny_target
 from tests.gpu.device import DEVICE, HEAD_KINDS, ON_DEVICE, placed
@@ -25,6 +26,15 @@ def test_random_targets(arch: str, kind: str) -> None:
     )
     assert target.device == DEVICE
     assert_identity(target, head, f"{arch}/{kind} on {DEVICE}")
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "no head"])
+def test_context_drafts_merged_into_the_tree(kind: str) -> None:
+    target = tiny_target("llama", num_layers=8).to(DEVICE)
+    head = None
+    if kind != "no head":
+        target, head = placed(target, kind, draft_vocab_size=100)
+    assert_merged_identity(target, head, f"llama/{kind} on {DEVICE}")
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])

@@ -36,7 +36,7 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS["accepted draft"] (#34d399) as the DOM shows it
+DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS[HEAD_LABEL] (#34d399) as the DOM shows it
 TIMEOUT_MS = 30_000
 
 # Records every distinct length of the newest bot message as the DOM changes.
