@@ -56,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     subparsers = parser.add_subparsers(dest="command")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text)
-        importlib.import_module(module_name).add_arguments(sub)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:  # e.g. the app without gradio: the rest still runs
+            sub = subparsers.add_parser(name, help=f"{help_text} (needs {err.name})")
+            sub.set_defaults(missing_module=err.name)
+            continue
+        module.add_arguments(subparsers.add_parser(name, help=help_text))
     return parser
 
 
@@ -74,7 +79,16 @@ def with_default_command(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     parser = build_parser()
-    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
+    args, unknown = parser.parse_known_args(
+        with_default_command(sys.argv[1:] if argv is None else argv)
+    )
+    missing = getattr(args, "missing_module", None)
+    if missing:
+        print(f"error: {args.command} needs {missing}, which is not installed", file=sys.stderr)
+        print("hint: install the project's dependencies: pip install -e .", file=sys.stderr)
+        return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.verbose)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     from backend.errors import EagleChatError

@@ -20,12 +20,18 @@ PROMPTS = (
 )
 
 
-def summary(pair, prompt: str, mode: str):
-    ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": prompt}])
+def chat_ids(pair, prompt: str) -> list[int]:
+    return prompt_ids(pair.tokenizer, [{"role": "user", "content": prompt}])
+
+
+def summary(pair, prompt: str, mode: str, stop_on_eos: bool = True):
     config = GenerationConfig(
-        mode=mode, max_new_tokens=48, tree=TreeConfig(total_tokens=12, depth=5, top_k=3)
+        mode=mode,
+        max_new_tokens=48,
+        tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
+        stop_on_eos=stop_on_eos,
     )
-    events = list(pair.engine.generate(ids, config))
+    events = list(pair.engine.generate(chat_ids(pair, prompt), config))
     assert isinstance(events[-1], Finished)
     return events[-1].summary
 

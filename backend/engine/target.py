@@ -9,6 +9,7 @@ prompt.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class TargetRunner:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
         self.layout = AttentionLayout.of(self.config, model)
         self._capture = FeatureCapture(model, feature_indices) if feature_indices else None
+        self._cache_keyword = cache_keyword(model)
         if _all_on_cpu(model):
             _grouped_attention_with_masks()
 
@@ -75,12 +77,20 @@ class TargetRunner:
                 input_ids=ids,
                 attention_mask=bias,
                 position_ids=positions,
-                cache=cache,
+                **{self._cache_keyword: cache},
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
             )
         features = capture.features()[0] if capture is not None else None
         return TargetStep(logits=out.logits[0], features=features)
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` in current transformers, where
+    ``past_key_values`` is a deprecated alias; releases before the rename (5.17, say) take only
+    ``past_key_values`` and would silently ignore ``cache``, running every step without it."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _all_on_cpu(model: nn.Module) -> bool:

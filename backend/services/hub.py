@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import httpx2
+try:  # huggingface_hub 2.x speaks httpx2; 1.x (which transformers 5.17 requires) httpx
+    import httpx2
+except ImportError:
+    import httpx as httpx2
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name

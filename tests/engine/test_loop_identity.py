@@ -23,7 +23,7 @@ PROMPTS = ([5, 17, 33, 2, 90, 41], [200, 3, 3, 3, 7, 7, 150, 64, 12, 9, 1, 250])
 
 def hf_greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = target.generate(
-        torch.tensor([prompt]),
+        torch.tensor([prompt], device=target.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=None,
@@ -32,11 +32,9 @@ def hf_greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
-    target = tiny_target(arch, num_layers=8)
-    head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
+def assert_identity(target, head, label: str) -> None:
+    """Greedy EAGLE with every tree of TREES == vanilla == transformers' generate, on PROMPTS,
+    wherever ``target`` and ``head`` are placed."""
     runner, drafter = make_runner(target, head)
     for prompt in PROMPTS:
         expected = hf_greedy(target, prompt, 40)
@@ -44,11 +42,19 @@ def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
         assert list(vanilla.token_ids) == expected
         for name, tree in TREES.items():
             eagle, rounds = run(runner, drafter, prompt, mode="eagle", max_new_tokens=40, tree=tree)
-            assert list(eagle.token_ids) == expected, f"{arch}/{kind}/{name}"
+            assert list(eagle.token_ids) == expected, f"{label}/{name}"
             assert eagle.stop_reason == "max_new_tokens"
             assert max(r.tree_size for r in rounds) == (
                 26 if name == "static" else tree.total_tokens
             )
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
+    target = tiny_target(arch, num_layers=8)
+    head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
+    assert_identity(target, head, f"{arch}/{kind}")
 
 
 # Rounds that merge context chains into the head's tree (a chain, a branching tree, two
@@ -72,12 +78,18 @@ def test_merged_trees_equal_vanilla(arch: str, kind: str) -> None:
     head = None
     if kind != "no head":
         head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
+    assert_merged_identity(target, head, f"{arch}/{kind}")
+
+
+def assert_merged_identity(target, head, label: str) -> None:
+    """MERGED_ARMS in turn (the context-only ones without a head) == transformers' generate on
+    PROMPTS, with context drafts accepted and counted, wherever ``target`` and ``head`` are."""
     runner, drafter = make_runner(target, head)
     arms = MERGED_ARMS if head is not None else [a for a in MERGED_ARMS if a.head is None]
     for prompt in PROMPTS:
         expected = hf_greedy(target, prompt, 60)
         eagle, rounds = run_arms(runner, drafter, prompt, arms, mode="eagle", max_new_tokens=60)
-        assert list(eagle.token_ids) == expected, f"{arch}/{kind}"
+        assert list(eagle.token_ids) == expected, label
         assert eagle.accepted_context > 0
         assert len(eagle.token_sources) == eagle.new_tokens
         assert eagle.token_sources.count("context") == eagle.accepted_context

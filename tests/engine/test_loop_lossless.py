@@ -30,19 +30,20 @@ BOUND = 45.0
 def exact_marginals(
     target, sampling: SamplingConfig, prompt_ids: list[int] = PROMPT
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """P(2nd token) and P(3rd token) under the processed target distribution."""
+    """P(2nd token) and P(3rd token) under the processed target distribution (on the CPU,
+    wherever ``target`` runs)."""
+    tokens = torch.arange(VOCAB, device=target.device)
     with torch.no_grad():
-        prompt = torch.tensor([prompt_ids])
+        prompt = torch.tensor([prompt_ids], device=target.device)
         p1 = processed_probs(target(prompt).logits[0, -1], sampling)  # [V]
-        firsts = torch.arange(VOCAB)[:, None]
-        seq1 = torch.cat([prompt.expand(VOCAB, -1), firsts], dim=1)
+        seq1 = torch.cat([prompt.expand(VOCAB, -1), tokens[:, None]], dim=1)
         p2_given = processed_probs(target(seq1).logits[:, -1], sampling)  # [V1, V2]
         joint12 = p1[:, None] * p2_given
-        pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))  # [V*V, 2]
+        pairs = torch.cartesian_prod(tokens, tokens)  # [V*V, 2]
         seq2 = torch.cat([prompt.expand(VOCAB * VOCAB, -1), pairs], dim=1)
         p3_given = processed_probs(target(seq2).logits[:, -1], sampling).view(VOCAB, VOCAB, VOCAB)
         joint123 = joint12[:, :, None] * p3_given
-    return joint12.sum(0), joint123.sum((0, 1))
+    return joint12.sum(0).cpu(), joint123.sum((0, 1)).cpu()
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -89,12 +90,13 @@ def sample_counts(
     return second, third
 
 
-def sharpened_pair():
-    """A tiny target sharpened a little so drafts are often accepted, with an EAGLE-1 head."""
-    target = tiny_target("llama", vocab_size=VOCAB, num_layers=8, seed=3)
+def sharpened_pair(device: torch.device | str = "cpu"):
+    """A tiny target sharpened a little so drafts are often accepted, with an EAGLE-1 head,
+    both on ``device``."""
+    target = tiny_target("llama", vocab_size=VOCAB, num_layers=8, seed=3).to(device)
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)
-    head = tiny_head("eagle1", target, seed=4)
+    head = tiny_head("eagle1", target, seed=4).to(device)
     return target, make_runner(target, head)
 
 

@@ -110,6 +110,12 @@ def test_every_tree_node_sees_what_sequential_decoding_sees(name: str) -> None:
 def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kind: str) -> None:
     model, window = sliding_target(name)
     head = tiny_head(kind, model, draft_vocab_size=100 if kind == "eagle3" else None)
+    assert_identity_past_the_window(model, head, window, f"{name}/{kind}")
+
+
+def assert_identity_past_the_window(model, head, window: int, label: str) -> None:
+    """Greedy EAGLE (a tree, the static tree, a chain) == vanilla == transformers' generate,
+    from a prompt of 2 windows to a context past 3, wherever ``model`` and ``head`` are placed."""
     runner, drafter = make_runner(model, head)
     prompt = random_prompt(2 * window, seed=3)
     new_tokens = window + 8  # the context ends past 3 windows
@@ -121,7 +127,7 @@ def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kin
         eagle, rounds = run(
             runner, drafter, prompt, mode="eagle", max_new_tokens=new_tokens, tree=tree
         )
-        assert list(eagle.token_ids) == expected, f"{name}/{kind}/{tree}"
+        assert list(eagle.token_ids) == expected, f"{label}/{tree}"
         assert max(r.tree_size for r in rounds) > 1
 
 

@@ -78,6 +78,12 @@ def test_load_failures_are_events_and_keep_the_loaded_pair(
 
 
 def test_race_at_temperature_zero_is_identical_and_streams_both_lanes(backend: Backend) -> None:
+    assert_identical_race(backend)
+
+
+def assert_identical_race(backend: Backend) -> None:
+    """A greedy race of 24 tokens on the loaded easy pair: identical lanes, drafts accepted,
+    both lanes streamed interleaved and timed by their own compute."""
     events = list(backend.race(MESSAGES, greedy(24)))
     result = events[-1]
     assert isinstance(result, RaceFinished), result

@@ -28,8 +28,17 @@ def run(backend: Backend, mode: str):
 def test_quantized_target_eagle_equals_vanilla(
     saved_pairs: SavedPairs, quantization: str, layer_class: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = Backend()
     config = LoadConfig(str(saved_pairs.target), str(saved_pairs.head), quantization=quantization)
+    assert_quantized_eagle_equals_vanilla(config, layer_class, caplog)
+
+
+def assert_quantized_eagle_equals_vanilla(
+    config: LoadConfig, layer_class: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The easy pair loads quantized (decoder Linears of ``layer_class``, lm_head and head
+    not), and greedy EAGLE equals vanilla decoding of the same quantized target, silently."""
+    quantization = config.quantization
+    backend = Backend()
     events = list(backend.load(config))
     assert isinstance(events[-1], Loaded), events[-1]
     stages = [e.stage for e in events if isinstance(e, Progress)]
