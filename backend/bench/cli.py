@@ -49,6 +49,23 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--drafts",
+        nargs="+",
+        choices=list(get_args(DraftSources)),
+        default=["both"],
+        help="draft sources of EAGLE's automatic rounds: head, context (copied from the prompt "
+        "and the reply so far) or both; more than one adds a row per source (e.g. both head)",
+    )
+    parser.add_argument(
+        "--no-head",
+        action="store_true",
+        help="load the target without its head: EAGLE rounds draft from the context alone "
+        "(prompt-lookup mode)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, "pair", "target", "head")
     parser.add_argument(
@@ -95,20 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run EAGLE with these fixed trees, in the same interleaved run "
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
     )
-    parser.add_argument(
-        "--drafts",
-        nargs="+",
-        choices=list(get_args(DraftSources)),
-        default=["both"],
-        help="draft sources of EAGLE's automatic rounds: head, context (copied from the prompt "
-        "and the reply so far) or both; more than one adds a row per source (e.g. both head)",
-    )
-    parser.add_argument(
-        "--no-head",
-        action="store_true",
-        help="load the target without its head: EAGLE rounds draft from the context alone "
-        "(prompt-lookup mode)",
-    )
+    _add_draft_arguments(parser)
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     parser.add_argument(
         "--cold-runs",
