@@ -17,6 +17,7 @@ OWN_MEANING = {
     ("app", "--target"): "the pair loaded at start; default: the demo pair",
     ("app", "--head"): "the head loaded with the app's --target, or instead of --pair's",
     ("app", "--dtype"): "unset means the catalog's dtype for the demo pair",
+    ("bench", "--drafts"): "several sources: one EAGLE row each",
     ("serve", "--dtype"): "passed to vLLM/SGLang, which name more dtypes; default: the catalog's",
     ("serve", "--depth"): "vLLM's speculative tokens; default: the catalog pair's tree",
     ("serve", "--top-k"): "SGLang's branches; default: the catalog pair's tree",

@@ -49,6 +49,31 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How often each prompt runs: repeats, seeds, cold runs."""
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per prompt and method, interleaved; the median run counts (noise guard)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
+    )
+    parser.add_argument(
+        "--cold-runs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run this bench N times, each in a new process with nothing saved from earlier "
+        "runs (no calibration, no tuner state), under --out/run-1..N, and print the median of "
+        "each ratio with every run's 90%% interval (the noise rule: docs/performance.md)",
+    )
+
+
 def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafts",
@@ -114,27 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_draft_arguments(parser)
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
-    parser.add_argument(
-        "--cold-runs",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run this bench N times, each in a new process with nothing saved from earlier "
-        "runs (no calibration, no tuner state), under --out/run-1..N, and print the median of "
-        "each ratio with every run's 90%% interval (the noise rule: docs/performance.md)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="runs per prompt and method, interleaved; the median run counts (noise guard)",
-    )
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        default=3,
-        help="at temperature > 0, run the prompt set once per seed and report the mean (default 3)",
-    )
+    _add_run_arguments(parser)
     _add_sweep_arguments(parser)
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
 
