@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Regenerate the benchmark results the docs cite, each into bench-results/NAME (replaced).
+# docs/performance.md says which table each one feeds and how long the whole suite takes.
+# Run it on a quiet machine: nothing else may share the cores meanwhile.
+# Usage: bash scripts/reproduce-results.sh [NAME ...]   (default: every NAME, in order)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${EAGLECHAT_SHARED:-../shared}
+PY=.venv/bin/python
+TREES=(8/4/2 12/5/3 16/5/4 16/5/10 32/6/8 chain6)
+PROSE=$SHARED/data/tinystories/tinystories_val.txt
+COLD=(--cold-runs 3 --repeats 1)
+NAMES=(demo-eagle3-trees demo-eagle1-trees demo-partial-trees demo-repeats random-head
+       long-prompts gemma-trees gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats
+       gemma-nohead-prose gemma-int8 official-eagle-demo-eagle3)
+
+bench() {  # NAME ARGS...: one bench command into bench-results/NAME
+    local name=$1
+    shift
+    rm -rf "bench-results/$name"
+    $PY launch.py bench "$@" --out "bench-results/$name"
+}
+
+suite() {
+    case $1 in
+        demo-eagle3-trees)
+            bench "$1" --pair demo --drafts both head --compare-trees "${TREES[@]}" \
+                --no-prompt-lookup "${COLD[@]}" ;;
+        demo-eagle1-trees)
+            bench "$1" --target assets/demo/target --head assets/demo/head-eagle1 \
+                --drafts both head --compare-trees "${TREES[@]}" --no-prompt-lookup "${COLD[@]}" ;;
+        demo-partial-trees)
+            [ -f work/partial/eagle3-124/config.json ] || bash scripts/make-partial-head.sh
+            bench "$1" --target assets/demo/target --head work/partial/eagle3-124 \
+                --drafts both head --compare-trees "${TREES[@]}" --no-prompt-lookup "${COLD[@]}" ;;
+        demo-repeats)
+            bench "$1" --pair demo --prompts repeats --drafts both head --no-prompt-lookup \
+                "${COLD[@]}" ;;
+        random-head)  # random target and head of one shape: drafts that never hold
+            bench "$1" --synthetic small --drafts head --no-prompt-lookup "${COLD[@]}" ;;
+        long-prompts)  # drafts that always hold: round costs alone, at 32 and 1,536 tokens
+            bench "$1" --synthetic small --perfect-drafts --prompt-tokens 32 1536 --limit 4 \
+                --drafts head --compare-trees 8/4/2 16/5/4 32/6/8 chain6 --no-prompt-lookup ;;
+        gemma-trees)
+            bench "$1" --pair gemma3-270m --prompts "$PROSE" --limit 8 --drafts both head \
+                --compare-trees "${TREES[@]}" --no-prompt-lookup "${COLD[@]}" ;;
+        gemma-repeats-t0)
+            bench "$1" --pair gemma3-270m --prompts repeats --limit 8 --drafts both head \
+                --no-prompt-lookup "${COLD[@]}" ;;
+        gemma-repeats-t1)
+            bench "$1" --pair gemma3-270m --prompts repeats --limit 8 --drafts both head \
+                --temperature 1 --seeds 3 --no-prompt-lookup "${COLD[@]}" ;;
+        gemma-nohead-repeats)
+            bench "$1" --pair gemma3-270m --no-head --prompts repeats --limit 8 \
+                --no-prompt-lookup "${COLD[@]}" ;;
+        gemma-nohead-prose)
+            bench "$1" --pair gemma3-270m --no-head --prompts "$PROSE" --limit 8 \
+                --no-prompt-lookup "${COLD[@]}" ;;
+        gemma-int8)
+            bash scripts/side-venvs.sh llama-cpp
+            bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$PROSE" \
+                --limit 8 --no-prompt-lookup "${COLD[@]}" ;;
+        official-eagle-demo-eagle3)  # the reference code is fetched, not installed
+            bash scripts/side-venvs.sh eagle-reference
+            rm -rf "bench-results/$1"
+            $PY -m tests.interop.reference_speed --eagle-source "${EAGLE_SOURCE:?set EAGLE_SOURCE to a SafeAILab/EAGLE checkout}" \
+                --target assets/demo/target --head assets/demo/head-eagle3 --turns 3 \
+                --out "bench-results/$1" ;;
+        *) echo "unknown result $1 (known: ${NAMES[*]})" >&2; return 2 ;;
+    esac
+}
+
+[ $# -gt 0 ] || set -- "${NAMES[@]}"
+for name in "$@"; do
+    start=$SECONDS
+    suite "$name"
+    echo "$name: $((SECONDS - start)) s"
+done
