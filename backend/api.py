@@ -226,7 +226,7 @@ class Backend:
                     yield Finished(request_id, SpecStats().summary([], "", 0.0, "cancelled"))
                     return
                 pair = self._require_pair()  # the model may have changed while waiting
-                _require_drafter(pair, config.mode)
+                _require_drafter(pair, config)
                 ids = prompt_ids(
                     pair.tokenizer,
                     build_messages(messages, system_prompt),
@@ -263,7 +263,7 @@ class Backend:
                     yield GenerationFailed(request_id, "cancelled", "the race was cancelled")
                     return
                 pair = self._require_pair()
-                _require_drafter(pair, "eagle")
+                _require_drafter(pair, dataclasses.replace(config, mode="eagle"))
                 ids = prompt_ids(
                     pair.tokenizer,
                     build_messages(messages, system_prompt),
@@ -466,11 +466,13 @@ class ProgressLog:
         self._last = (event.message, fraction or 0.0, now)
 
 
-def _require_drafter(pair: LoadedPair, mode: str) -> None:
-    if mode == "eagle" and pair.engine.drafter is None:
+def _require_drafter(pair: LoadedPair, config: GenerationConfig) -> None:
+    """Without a head, EAGLE mode drafts from the context alone; drafts asked of the head alone
+    need one."""
+    if config.mode == "eagle" and config.drafts == "head" and pair.engine.drafter is None:
         raise ConfigError(
-            "EAGLE mode needs a draft head, and none is loaded",
-            hint="load a head with the target, or choose vanilla mode",
+            "drafting from the head needs a draft head, and none is loaded",
+            hint="load a head with the target, or let the rounds draft from the context",
         )
 
 

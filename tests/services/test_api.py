@@ -133,10 +133,14 @@ def test_first_divergence_rules() -> None:
     assert first_divergence("ab", "abc") == 2
 
 
-def test_race_needs_a_head(saved_pairs: SavedPairs) -> None:
+def test_a_race_without_a_head_drafts_from_the_context(saved_pairs: SavedPairs) -> None:
     backend = Backend()
     list(backend.load(LoadConfig(str(saved_pairs.other_target))))
     events = list(backend.race(MESSAGES, greedy(8)))
+    assert isinstance(events[-1], RaceFinished), events[-1]
+    assert events[-1].identical
+    head_only = dataclasses.replace(greedy(8), drafts="head")
+    events = list(backend.race(MESSAGES, head_only))
     assert len(events) == 1 and isinstance(events[0], GenerationFailed)
     assert "needs a draft head" in events[0].message
 

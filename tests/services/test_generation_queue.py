@@ -4,6 +4,7 @@ chat template, models switch live under a running conversation."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -204,8 +205,13 @@ def test_switching_models_keeps_the_conversation_and_frees_the_old_model(
     assert reply.token_ids == reference(backend, history, 8)  # from the new model
 
 
-def test_eagle_without_a_head_is_a_clear_error(backend: Backend, saved_pairs: SavedPairs) -> None:
+def test_head_drafts_without_a_head_are_a_clear_error(
+    backend: Backend, saved_pairs: SavedPairs
+) -> None:
     list(backend.load(LoadConfig(str(saved_pairs.other_target))))
-    events = list(backend.stream([turn("user", "hello")], greedy(8, "eagle")))
+    head_only = dataclasses.replace(greedy(8, "eagle"), drafts="head")
+    events = list(backend.stream([turn("user", "hello")], head_only))
     assert type(events[-1]).__name__ == "GenerationFailed"
     assert "needs a draft head" in events[-1].message
+    events = list(backend.stream([turn("user", "hello")], greedy(8, "eagle")))
+    assert type(events[-1]).__name__ == "Finished"  # context drafts alone
