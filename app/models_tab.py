@@ -113,7 +113,7 @@ def build_models_tab(
                 elem_id="models-target",
             )
             head = gr.Textbox(
-                label="EAGLE head (Hub id or folder; empty = vanilla only)",
+                label="EAGLE head (Hub id or folder; empty = drafts from the context only)",
                 value=(initial.head or "") if initial else "",
                 elem_id="models-head",
             )

@@ -439,7 +439,11 @@ def pair_info_markdown(info: PairInfo | None) -> str:
             "· speculation runs on the server; the panel reads its metrics"
         )
     head_dtype = f", drafting in {info.head_dtype}" if info.head_dtype else ""
-    head = f"{info.head} ({info.head_kind}{head_dtype})" if info.head else "no head (vanilla only)"
+    head = (
+        f"{info.head} ({info.head_kind}{head_dtype})"
+        if info.head
+        else "no head (context drafts only)"
+    )
     quant = "" if info.quantization == "none" else f", {info.quantization}"
     prompts = {
         "chat template": "",
