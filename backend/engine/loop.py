@@ -172,7 +172,7 @@ class Decoding:
         label = arm.label() if tree.size > 1 else "plain"
         self.stats.add_round(len(tokens), tree.size, t1 - t0, t2 - t1)
         self.stats.tree_shapes[label] += 1
-        return RoundCompleted(  # 6. emit the round
+        return RoundCompleted(  # 7. emit the round
             request_id=self.request_id,
             round_index=self.stats.rounds,
             token_ids=tuple(tokens),
