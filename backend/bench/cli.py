@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from backend.bench.other_rows import PEERS, start_other_rows
 from backend.bench.prompts import load_prompts
 from backend.bench.report import label, write_reports
 from backend.bench.runner import METHODS, BenchSpec, run_bench
@@ -91,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
     )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    add_flags(parser, "quantize")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="also run this program on the target's GGUF file, interleaved: llama.cpp's plain "
+        "decoding (side venv: bash scripts/side-venvs.sh llama-cpp)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -151,19 +159,28 @@ def _run(
     prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = choose_dtype(args.dtype, choose_device(), preferred=pair_dtype)
     started = time.perf_counter()
-    pair = load_pair(
-        LoadConfig(
-            target=target,
-            head=head,
-            dtype=dtype,
-            prompt_format=prompt_format,  # type: ignore[arg-type]
-            readout=args.readout,
-            decoder_forms=args.decoder_forms,
-            round_threads=args.round_threads,
-        )
+    config = LoadConfig(
+        target=target,
+        head=head,
+        dtype=dtype,
+        quantization=args.quantize,
+        prompt_format=prompt_format,  # type: ignore[arg-type]
+        readout=args.readout,
+        decoder_forms=args.decoder_forms,
+        round_threads=args.round_threads,
     )
+    pair = load_pair(config)
     load_s = time.perf_counter() - started - pair.calibration_s
+    others = start_other_rows(pair, config, prompts, args.peer)
+    try:
+        return _bench(args, pair, prompts, tree, load_s, others)
+    finally:
+        others.close()
+
+
+def _bench(args: argparse.Namespace, pair, prompts, tree: TreeConfig, load_s: float, others) -> int:
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
+    methods += tuple(others.peers)
     spec = BenchSpec(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -179,9 +196,16 @@ def _run(
 
     command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.prompt_tokens:
-        return _sweep(args, pair, prompts, lambda ps: run_bench(pair, ps, spec, progress), command)
-    result = run_bench(pair, prompts, spec, progress)
+        return _sweep(
+            args,
+            pair,
+            prompts,
+            lambda ps: run_bench(pair, ps, spec, progress, others.peers),
+            command,
+        )
+    result = run_bench(pair, prompts, spec, progress, others.peers)
     result.settings["load_s"] = round(load_s, 2)
+    result.settings.update(others.settings)
     print(file=sys.stderr)
     write_reports(result, Path(args.out), command)
     print((Path(args.out) / "summary.md").read_text())

@@ -132,10 +132,10 @@ def unswap(linear: nn.Module) -> bool:
     record = linear.__dict__.pop(RECORD, None)
     if record is None:
         return False
-    for name in (*record.attributes, "forward", "_apply"):
-        linear.__dict__.pop(name, None)
     if record.undo is not None:
         record.undo(linear)
+    for name in (*record.attributes, "forward", "_apply"):
+        linear.__dict__.pop(name, None)
     return True
 
 

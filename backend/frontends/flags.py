@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
-from backend.config import DEFAULT_MAX_NEW_TOKENS, SamplingConfig, TreeConfig
+from backend.config import DEFAULT_MAX_NEW_TOKENS, Quantization, SamplingConfig, TreeConfig
 from backend.services.dtypes import DTYPES
 
 _TREE = TreeConfig()
@@ -38,9 +38,10 @@ FLAGS: dict[str, dict[str, Any]] = {
         "where the device runs it well",
     },
     "--quantize": {
-        "choices": ["none", "8bit", "4bit"],
+        "choices": list(get_args(Quantization)),
         "default": "none",
-        "help": "bitsandbytes quantization of the target",
+        "help": "quantization of the target: int8 (fast on CPUs, exact across batch sizes; "
+        "see docs/quantization.md), or bitsandbytes' 8bit/4bit (GPUs)",
     },
     "--device-map": {"help": "accelerate device_map, e.g. auto"},
     "--trust-remote-code": {

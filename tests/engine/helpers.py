@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from backend.config import GenerationConfig
+from backend.engine import int8_linear
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.events import Finished, GenerationSummary, RoundCompleted
+
+
+def with_weights(model, weights: str):
+    """``model`` as loaded with ``weights``: "float32" as built, "int8" swapped to its int8 form
+    (backend/engine/int8_linear.py)."""
+    if weights == "int8":
+        int8_linear.quantize_model(model)
+    return model
 
 
 def make_runner(target, head=None) -> tuple[TargetRunner, EagleDrafter | None]:

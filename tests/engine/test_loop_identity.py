@@ -1,5 +1,5 @@
-"""Greedy identity (fp32): EAGLE output == vanilla output == transformers' own greedy generate,
-across architectures, head kinds, tree shapes and stop conditions."""
+"""Greedy identity (fp32, and int8 targets): EAGLE output == vanilla output == transformers' own
+greedy generate, across architectures, head kinds, tree shapes and stop conditions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backend.config import TreeConfig
-from tests.engine.helpers import make_runner, run
+from tests.engine.helpers import make_runner, run, with_weights
 from tests.factories import ARCHITECTURES, tiny_head, tiny_target
 
 TREES = {
@@ -31,10 +31,17 @@ def hf_greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+# int8 targets (backend/engine/int8_linear.py) on a few architectures: exact across batch sizes
+WEIGHTS = [(arch, "float32") for arch in ARCHITECTURES] + [
+    ("llama", "int8"),
+    ("mistral", "int8"),
+]
+
+
+@pytest.mark.parametrize(("arch", "weights"), WEIGHTS)
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
-    target = tiny_target(arch, num_layers=8)
+def test_eagle_equals_vanilla_equals_transformers(arch: str, weights: str, kind: str) -> None:
+    target = with_weights(tiny_target(arch, num_layers=8), weights)
     head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
     runner, drafter = make_runner(target, head)
     for prompt in PROMPTS:
@@ -43,7 +50,7 @@ def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
         assert list(vanilla.token_ids) == expected
         for name, tree in TREES.items():
             eagle, rounds = run(runner, drafter, prompt, mode="eagle", max_new_tokens=40, tree=tree)
-            assert list(eagle.token_ids) == expected, f"{arch}/{kind}/{name}"
+            assert list(eagle.token_ids) == expected, f"{arch}/{weights}/{kind}/{name}"
             assert eagle.stop_reason == "max_new_tokens"
             assert max(r.tree_size for r in rounds) == (
                 26 if name == "static" else tree.total_tokens

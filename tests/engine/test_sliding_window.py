@@ -26,7 +26,7 @@ from backend.engine import kv
 from backend.engine.attention_layout import AttentionLayout, UnsupportedTargetError
 from backend.engine.tree import DraftTree
 from backend.services.loading import prepare
-from tests.engine.helpers import make_runner, path_tokens, run
+from tests.engine.helpers import make_runner, path_tokens, run, with_weights
 from tests.engine.test_loop_identity import hf_greedy
 from tests.factories import tiny_head
 
@@ -105,10 +105,20 @@ def test_every_tree_node_sees_what_sequential_decoding_sees(name: str) -> None:
             torch.testing.assert_close(logits[node], reference, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(SLIDING_CONFIGS))
+# int8 targets (backend/engine/int8_linear.py) on the Gemma 3 and Mistral layouts
+WEIGHTS = [(name, "float32") for name in SLIDING_CONFIGS] + [
+    ("gemma3", "int8"),
+    ("mistral", "int8"),
+]
+
+
+@pytest.mark.parametrize(("name", "weights"), WEIGHTS)
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kind: str) -> None:
+def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(
+    name: str, weights: str, kind: str
+) -> None:
     model, window = sliding_target(name)
+    with_weights(model, weights)
     head = tiny_head(kind, model, draft_vocab_size=100 if kind == "eagle3" else None)
     runner, drafter = make_runner(model, head)
     prompt = random_prompt(2 * window, seed=3)
@@ -121,7 +131,7 @@ def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kin
         eagle, rounds = run(
             runner, drafter, prompt, mode="eagle", max_new_tokens=new_tokens, tree=tree
         )
-        assert list(eagle.token_ids) == expected, f"{name}/{kind}/{tree}"
+        assert list(eagle.token_ids) == expected, f"{name}/{weights}/{kind}/{tree}"
         assert max(r.tree_size for r in rounds) > 1
 
 
