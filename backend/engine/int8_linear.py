@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from backend.engine import linear_swaps
+from backend.engine.exact_attention import use_exact_attention
 from models.features import decoder_of
 
 WEIGHT_LEVELS = 127  # int8 weights in [-127, 127]: symmetric, one scale per row
@@ -121,7 +122,9 @@ def is_int8(linear: nn.Module) -> bool:
 
 def quantize_model(model: nn.Module) -> int:
     """Every float ``nn.Linear`` of the decoder layers and the readout in int8 (a readout tied
-    to the embedding keeps its float weight, which the embedding reads). Returns how many."""
+    to the embedding keeps its float weight, which the embedding reads), and attention that is
+    exact across batch sizes too (exact_attention.py). Returns how many linears."""
+    use_exact_attention(model)
     readout = model.get_output_embeddings()
     tied = readout.weight is model.get_input_embeddings().weight
     linears = [

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from backend.engine.exact_attention import use_exact_attention
 from backend.engine.int8_linear import quantize_linear, quantize_model
 from backend.errors import ConfigError
 from backend.services.target_source import TargetSource
@@ -104,6 +105,7 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
         readout.weight = model.get_input_embeddings().weight
         quantize_linear(readout, tied=True)
         stored["tied to the embedding"] += 1
+    use_exact_attention(model)
     missing = [name for name, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ConfigError(
