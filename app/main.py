@@ -119,7 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=list(get_args(Quantization)),
         default="none",
-        help="quantization of the target: int8 (fast on CPUs), or bitsandbytes' 8bit/4bit",
+        help="quantization of the target: int8 (fast on CPUs, exact across batch sizes; "
+        "see docs/quantization.md), or bitsandbytes' 8bit/4bit (GPUs)",
     )
     parser.add_argument(
         "--dtype",

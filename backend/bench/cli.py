@@ -46,6 +46,19 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_other_rows_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rows beside ours: prompt lookup, the float32 target beside a quantized one, and
+    peer programs (other_rows.py)."""
+    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    add_flags(parser, "quantize")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="also run this program on the target's GGUF file, interleaved: llama.cpp's plain "
+        "decoding (side venv: bash scripts/side-venvs.sh llama-cpp)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, "pair", "target", "head")
     parser.add_argument(
@@ -91,14 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run EAGLE with these fixed trees, in the same interleaved run "
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
     )
-    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
-    add_flags(parser, "quantize")
-    parser.add_argument(
-        "--peer",
-        choices=PEERS,
-        help="also run this program on the target's GGUF file, interleaved: llama.cpp's plain "
-        "decoding (side venv: bash scripts/side-venvs.sh llama-cpp)",
-    )
+    _add_other_rows_arguments(parser)
     parser.add_argument(
         "--repeats",
         type=int,

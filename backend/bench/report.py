@@ -320,13 +320,7 @@ def _run_facts(result: BenchResult) -> list[str]:
         )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")
-    if s.get("fidelity"):
-        fidelity = s["fidelity"]
-        facts.append(
-            f"quantized target against float32 on the prompts' text: top-1 agreement "
-            f"{fidelity['top1_agreement']:.1%}, mean KL {fidelity['mean_kl']:.4f} nats/token "
-            f"over {fidelity['tokens']} tokens"
-        )
+    facts += _fidelity_facts(s)
     if s.get("peak_rss_bytes"):
         facts.append(f"peak resident memory {s['peak_rss_bytes'] / 2**30:.2f} GiB")
     peaks = (
@@ -352,6 +346,18 @@ def _run_facts(result: BenchResult) -> list[str]:
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
     return lines
+
+
+def _fidelity_facts(settings: dict) -> list[str]:
+    """A quantized target's agreement with its float32 load (bench --quantize)."""
+    fidelity = settings.get("fidelity")
+    if not fidelity:
+        return []
+    return [
+        f"quantized target against float32 on the prompts' text: top-1 agreement "
+        f"{fidelity['top1_agreement']:.1%}, mean KL {fidelity['mean_kl']:.4f} nats/token "
+        f"over {fidelity['tokens']} tokens"
+    ]
 
 
 def plot(summaries: dict[str, MethodSummary], path: Path) -> None:

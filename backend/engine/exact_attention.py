@@ -46,22 +46,17 @@ def exact_attention_forward(
     key: torch.Tensor,  # [1, kv_heads, k, head_dim]
     value: torch.Tensor,  # [1, kv_heads, k, head_dim]
     attention_mask: torch.Tensor | None,  # [1, 1, q, k] additive float (or bool), or None
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs,
+    **options,  # scaling, sliding_window, softcap, dropout (0 at inference), ...
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: returns ([1, q, heads, head_dim], None)."""
     rows = query.shape[2]
     if rows > EXACT_ROWS or query.shape[0] != 1:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    visible = _visible(attention_mask, rows, key.shape[2], sliding_window)  # [q, k] bool
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **options)
+    scale = options.get("scaling") or query.shape[-1] ** -0.5
+    softcap = options.get("softcap")
+    visible = _visible(attention_mask, rows, key.shape[2], options.get("sliding_window"))
     kv_heads, head_dim = key.shape[1], key.shape[3]
     groups = query.shape[1] // kv_heads
     out = []

@@ -168,7 +168,7 @@ def _weights_label(
 
 
 def _load_target(
-    prepared: PreparedLoad, kwargs: dict[str, Any], dtype_name: str
+    prepared: PreparedLoad, dtype: torch.dtype, device: torch.device
 ) -> Generator[Progress, None, tuple[Any, Any, str]]:
     """Tokenizer, then the target's weights: load errors become clear messages. A GGUF file is
     read from its kept conversion when there is one, and kept after its first float32 load.
@@ -177,6 +177,8 @@ def _load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config, target_path = prepared.config, prepared.target_path
+    kwargs = _pretrained_kwargs(config, dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
     original = local_source(target_path)
     converted = gguf_cache.converted_source(original)
     source = converted or original
@@ -222,9 +224,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     config = prepared.config
     device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
-    kwargs = _pretrained_kwargs(config, dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
-    tokenizer, model, weights = yield from _load_target(prepared, kwargs, dtype_name)
+    tokenizer, model, weights = yield from _load_target(prepared, dtype, device)
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
     if head is not None:
