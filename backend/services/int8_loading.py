@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from backend.engine import int8_linear
 from backend.engine.exact_attention import use_exact_attention
 from backend.engine.int8_linear import quantize_linear, quantize_model
 from backend.errors import ConfigError
@@ -39,6 +40,17 @@ class Int8Load:
 
 def load_int8(source: TargetSource, config: Any) -> Int8Load:
     """The target at ``source`` with every decoder linear and the readout in int8."""
+    if not int8_linear.available():
+        raise ConfigError(
+            "int8 quantization needs torch's x86 quantized engine (fbgemm), which this build lacks",
+            hint="load without quantization",
+        )
+    loaded = _load(source, config)
+    logger.info("int8 target: %s", loaded.description)
+    return loaded
+
+
+def _load(source: TargetSource, config: Any) -> Int8Load:
     from transformers import AutoModelForCausalLM
 
     if source.is_gguf:

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from backend.config import LoadConfig, TreeConfig
-from backend.engine import int8_linear
 from backend.engine.attention_layout import check_rollback
 from backend.engine.autotune import LADDER
 from backend.engine.calibration import (
@@ -199,24 +198,13 @@ def _load_target(
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
         if config.quantization == "int8":
-            return (tokenizer, *_load_int8_target(source, prepared))
+            loaded = load_int8(source, text_config(prepared.target_config))
+            return tokenizer, loaded.model, loaded.description
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
     if source.is_gguf and gguf_cache.worth_keeping(model):
         yield Progress("load", 2, _LOAD_STEPS, "steps", "keeping the converted GGUF weights")
         gguf_cache.keep_conversion(source, model, tokenizer)
     return tokenizer, model, ""
-
-
-def _load_int8_target(source: TargetSource, prepared: PreparedLoad) -> tuple[Any, str]:
-    """The target in its int8 form, and what was re-quantized and how."""
-    if not int8_linear.available():
-        raise ConfigError(
-            "int8 quantization needs torch's x86 quantized engine (fbgemm), which this build lacks",
-            hint="load without quantization",
-        )
-    loaded = load_int8(source, text_config(prepared.target_config))
-    logger.info("int8 target: %s", loaded.description)
-    return loaded.model, loaded.description
 
 
 def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
