@@ -79,7 +79,7 @@ def _empty_model(config: Any) -> nn.Module:
 
 def _quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """Parameter name -> linear, for every linear whose weight becomes int8: the decoder's and
-    the readout (the readout tied to the embedding is quantized from it once it is loaded)."""
+    an untied readout (one tied to the embedding is quantized from it once it is loaded)."""
     names = {module: name for name, module in model.named_modules()}
     linears = {
         f"{names[module]}.weight": module
@@ -87,16 +87,33 @@ def _quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
         for module in layer.modules()
         if type(module) is nn.Linear
     }
-    readout = model.get_output_embeddings()
-    linears[f"{names[readout]}.weight"] = readout
+    if not _tied(model):
+        readout = model.get_output_embeddings()
+        linears[f"{names[readout]}.weight"] = readout
     return linears
+
+
+def _tied(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def _stored_names(model: nn.Module) -> dict[str, str]:
+    """Stored name -> parameter name where they differ: a tied pair may be stored under the
+    readout's name only (safetensors keeps one name per shared tensor)."""
+    if not _tied(model):
+        return {}
+    names = {module: name for name, module in model.named_modules()}
+    readout = f"{names[model.get_output_embeddings()]}.weight"
+    return {readout: f"{names[model.get_input_embeddings()]}.weight"}
 
 
 def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) -> Counter:
     """Place every stored tensor; returns the stored formats of the re-quantized ones."""
     quantized = _quantized_linears(model)
+    renamed = _stored_names(model)
     stored: Counter = Counter()
     for name, tensor, form in tensors:
+        name = renamed.get(name, name)
         linear = quantized.get(name)
         if linear is not None:
             quantize_linear(linear, tensor)
@@ -113,7 +130,7 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
         elif leaf in module._buffers:
             module._buffers[leaf] = tensor.float()
     readout = model.get_output_embeddings()
-    if readout.weight.device.type == "meta":  # tied to the embedding: share it, then quantize
+    if _tied(model):  # share the embedding's weight, then quantize
         readout.weight = model.get_input_embeddings().weight
         quantize_linear(readout, tied=True)
         stored["tied to the embedding"] += 1

@@ -60,3 +60,29 @@ def test_the_models_tab_offers_int8_and_marks_it_where_recommended() -> None:
     assert not any("recommended" in label for label in on_gpu.values())
     expected = "int8" if int8_linear.available() else "none"  # a CPU that runs fbgemm
     assert Backend().recommended_quantization() == expected
+
+
+def test_a_tied_checkpoint_stored_under_one_name_loads_tensor_by_tensor(tmp_path) -> None:
+    """safetensors keeps one name for the shared embedding/readout tensor (a kept GGUF
+    conversion is saved that way): it still fills the embedding, and the readout shares it."""
+    from copy import deepcopy
+
+    from safetensors.torch import save_model
+
+    from backend.engine.int8_linear import quantize_model
+    from backend.services.int8_loading import load_int8
+    from backend.services.target_source import TargetSource
+    from tests.factories import tiny_target
+
+    model = tiny_target("llama")
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    save_model(model, str(tmp_path / "model.safetensors"))
+    expected = deepcopy(model)
+    quantize_model(expected)
+    loaded = load_int8(TargetSource(str(tmp_path)), model.config).model
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.inference_mode():
+        assert torch.equal(loaded(input_ids=ids).logits, expected(input_ids=ids).logits)
