@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import gradio as gr
 
@@ -26,7 +26,7 @@ from app.race_tab import build_race_tab, wire_race_tab
 from app.render import error_markdown, pair_info_markdown
 from app.session import Session
 from backend.api import Backend
-from backend.config import LoadConfig
+from backend.config import LoadConfig, Quantization
 from backend.errors import ConfigError, EagleChatError
 from backend.events import Loaded, LoadFailed, Progress
 
@@ -78,7 +78,8 @@ def build_app(
             with gr.Tab("EAGLE vs vanilla", id="race"):
                 race = build_race_tab()
             with gr.Tab("Models", id="models"):
-                models = build_models_tab(pairs, initial, selected, notice)
+                recommended = backend.recommended_quantization()
+                models = build_models_tab(pairs, initial, selected, notice, recommended)
         wire_chat_tab(chat, backend, session, models.tree)
         wire_race_tab(race, backend, session, models.tree)
         controller = wire_models_tab(models, backend, session, header)
@@ -120,9 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", help="EAGLE head to load with --target (or --pair's own)")
     parser.add_argument(
         "--quantize",
-        choices=["none", "8bit", "4bit"],
+        choices=list(get_args(Quantization)),
         default="none",
-        help="bitsandbytes quantization of the target",
+        help="quantization of the target: int8 (fast on CPUs, exact across batch sizes; "
+        "see docs/quantization.md), or bitsandbytes' 8bit/4bit (GPUs)",
     )
     parser.add_argument(
         "--dtype",

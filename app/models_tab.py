@@ -43,7 +43,8 @@ REMOTE_HELP = (
     "Start one with `python launch.py serve --engine vllm --pair NAME`."
 )
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-QUANTIZATIONS = [("none", "none"), ("8-bit", "8bit"), ("4-bit", "4bit")]
+QUANTIZATIONS = [("none", "none"), ("int8 (CPU)", "int8"), ("8-bit", "8bit"), ("4-bit", "4bit")]
+RECOMMENDED = " (recommended here)"
 MAX_PROGRESS_LINES = 6
 _TREE = TreeConfig()  # slider defaults come from backend/config.py, defined once there
 
@@ -90,8 +91,21 @@ class ModelsTab:
     status: gr.Markdown
 
 
+def quantization_choices(recommended: str) -> list[tuple[str, str]]:
+    """The quantization radio's (label, value) pairs, the ``recommended`` one marked as such
+    (int8 on a CPU: Backend.recommended_quantization)."""
+    return [
+        (label + (RECOMMENDED if value == recommended and value != "none" else ""), value)
+        for label, value in QUANTIZATIONS
+    ]
+
+
 def build_models_tab(
-    pairs: list[Any], initial: LoadConfig | None, selected: str | None, notice: str
+    pairs: list[Any],
+    initial: LoadConfig | None,
+    selected: str | None,
+    notice: str,
+    recommended_quantization: str = "none",
 ) -> ModelsTab:
     """Render the manager; ``initial`` pre-fills the fields with the pair loaded at start and
     ``selected`` names its catalog entry (PairSpec objects from ``Backend.catalog()``)."""
@@ -122,9 +136,12 @@ def build_models_tab(
                     DTYPES, value=initial.dtype if initial else "auto", label="dtype"
                 )
                 quantization = gr.Radio(
-                    QUANTIZATIONS,
+                    quantization_choices(recommended_quantization),
                     value=initial.quantization if initial else "none",
-                    label="Quantization of the target (bitsandbytes)",
+                    label="Quantization of the target",
+                    info="int8: fast on CPUs and exact (EAGLE = vanilla of the int8 model); "
+                    "8-bit / 4-bit: bitsandbytes, for GPUs",
+                    elem_id="models-quantization",
                 )
         with gr.Column(scale=2):
             gr.Markdown("#### Draft tree")

@@ -455,10 +455,11 @@ def pair_info_markdown(info: PairInfo | None) -> str:
         "resumed": " · auto tuning resumes from what earlier runs of this pair learned",
         "new": " · auto tuning learns this pair from scratch",
     }.get(info.tree_tuning, "")
+    weights = f" · {info.weights}" if info.weights else ""
     return (
         f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "
         f"{info.parameters / 1e6:.1f}M params, {info.dtype}{quant} on {info.device}{prompts}"
-        f"{tuning}"
+        f"{tuning}{weights}"
     )
 
 
@@ -507,7 +508,14 @@ def plan_markdown(plan: PairPlan) -> str:
         f"({plan.parameters / 1e6:,.1f}M target parameters in {plan.dtype}{quant} on "
         f"{plan.device}, plus the head)",
     ]
-    if plan.parameters_source == "gguf":
+    if plan.quantization == "int8":
+        notes.append(
+            "int8: every decoder linear and the readout re-quantized to int8 with one scale per "
+            "row as the weights are read (from a GGUF file: its blocks dequantized one tensor "
+            "at a time), each kept beside its packed copy for the CPU kernel; the embedding and "
+            "norms in float32."
+        )
+    elif plan.parameters_source == "gguf":
         notes.append(
             "GGUF file: its quantized weights are dequantized to "
             f"{plan.dtype} when loaded, so they take more memory than the file's size."

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from backend.config import GenerationConfig, LoadConfig
+from backend.engine import int8_linear
 from backend.engine.device import choose_device
 from backend.engine.progress import drain
 from backend.engine.stats import SpecStats
@@ -319,6 +320,13 @@ class Backend:
         """The dtype "auto" picks on this machine for a pair whose catalog prefers
         ``preferred`` (e.g. float32 instead of the catalog's bfloat16 on a CPU)."""
         return choose_dtype("auto", choose_device(), preferred)
+
+    def recommended_quantization(self) -> str:
+        """The quantization the Models tab recommends here: int8 on a CPU that runs its kernel
+        (fast and exact across batch sizes, docs/quantization.md), else none."""
+        if choose_device().type == "cpu" and int8_linear.available():
+            return "int8"
+        return "none"
 
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed

@@ -18,7 +18,9 @@ Mode = Literal["eagle", "vanilla"]
 DraftSources = Literal["head", "context", "both"]
 TreeShape = Literal["dynamic", "static"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-Quantization = Literal["none", "8bit", "4bit"]
+# bitsandbytes' 8bit/4bit, or int8: per-row int8 on CPUs, exact across batch sizes
+# (backend/engine/int8_linear.py)
+Quantization = Literal["none", "8bit", "4bit", "int8"]
 # How a chat becomes a prompt: see backend/services/prompting.py.
 PromptFormat = Literal["auto", "chat_template", "vicuna_v1.1", "plain"]
 
@@ -163,8 +165,18 @@ class LoadConfig:
             raise ConfigError("a target model (path or Hub id) is required")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
-        if self.quantization not in ("none", "8bit", "4bit"):
-            raise ConfigError(f"quantization must be none|8bit|4bit, got {self.quantization!r}")
+        if self.quantization not in get_args(Quantization):
+            raise ConfigError(
+                f"quantization must be {'|'.join(get_args(Quantization))}, "
+                f"got {self.quantization!r}"
+            )
+        if self.quantization == "int8" and (
+            self.dtype not in ("auto", "float32") or self.device_map
+        ):
+            raise ConfigError(
+                "int8 quantization computes in float32 on one CPU",
+                hint="leave dtype at auto or float32 and give no device_map",
+            )
         if self.prompt_format not in get_args(PromptFormat):
             raise ConfigError(
                 f"prompt format must be one of {'|'.join(get_args(PromptFormat))}, "

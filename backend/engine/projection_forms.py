@@ -12,19 +12,21 @@ same product:
 Which form is fastest depends on the machine and the shape, and differs between one row (plain
 decoding, chains) and several (trees), so each projection gets the fastest form per case, timed
 at load. The swap replaces only the ``forward`` of the model's own ``nn.Linear`` instance (as
-quantizers replace layers at load): the model stays a stock transformers model with the same
-weights, and with gradients on (training) the stock form always runs.
+quantizers replace layers at load; linear_swaps.py, which also undoes it and notices a weight
+changed under a packed copy): the model stays a stock transformers model with the same weights,
+and with gradients on (training) the stock form always runs.
 """
 
 from __future__ import annotations
 
 import time
-import types
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from backend.engine.linear_swaps import record_of, swap, unswap
 
 # Rows timed per case: one row, and the row counts of tree levels and verified trees (summed:
 # the library's speed jumps between neighbouring counts).
@@ -82,12 +84,14 @@ def forward_by_rows(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def swappable(linear: nn.Module) -> bool:
-    """A plain float ``nn.Linear`` on the CPU whose forward nobody else has wrapped."""
+    """A plain float ``nn.Linear`` on the CPU whose forward nobody else has wrapped (an int8
+    swap keeps a tied float weight: it is no float form's to take)."""
     return (
         type(linear) is nn.Linear
         and linear.weight.device.type == "cpu"
         and linear.weight.is_floating_point()
         and not hasattr(linear, "_hf_hook")  # accelerate's offload hooks own its forward
+        and not getattr(record_of(linear), "refuse_changes", False)
     )
 
 
@@ -178,18 +182,20 @@ def speed_up(
     stock = {False: "stock", True: "stock"}
     if linear is None or not swappable(linear):
         return stock
+    unswap(linear)
     valid = known is not None and set(known) == {False, True} and set(known.values()) <= set(FORMS)
     forms = dict(known) if valid else choose_forms(linear, force, pack)
     if "packed" in forms.values() and not (pack and _pack(linear)):
         forms = {many: "stock" if form == "packed" else form for many, form in forms.items()}
     if "onednn" in forms.values() and not _runs_onednn(linear):
         forms = {many: "stock" if form == "onednn" else form for many, form in forms.items()}
-    if "packed" not in forms.values():
-        linear.packed_weight = None  # no extra copy kept for nothing
+    packed = linear.__dict__.pop("packed_weight", None)  # kept below only where it is used
     if forms == stock:
         return stock
-    linear.forms = {many: _FORWARDS[form] for many, form in forms.items()}
-    linear.forward = types.MethodType(forward_by_rows, linear)
+    attributes = {"forms": {many: _FORWARDS[form] for many, form in forms.items()}}
+    if "packed" in forms.values():
+        attributes["packed_weight"] = packed
+    swap(linear, forward_by_rows, attributes, copies="packed" in forms.values())
     return forms
 
 
@@ -209,7 +215,7 @@ def describe(forms: Forms) -> str:
 
 def form_of(linear: nn.Module, many: bool) -> str:
     """The form ``linear`` runs for one row or several."""
-    forms = getattr(linear, "forms", None)
-    if getattr(linear.forward, "__func__", None) is not forward_by_rows or forms is None:
+    record = record_of(linear)
+    if record is None or record.forward is not forward_by_rows:
         return "stock"
-    return next(name for name, fn in _FORWARDS.items() if fn is forms[many])
+    return next(name for name, fn in _FORWARDS.items() if fn is linear.forms[many])

@@ -19,6 +19,7 @@ from backend.config import (
     DEFAULT_MAX_NEW_TOKENS,
     DraftSources,
     GenerationConfig,
+    Quantization,
     SamplingConfig,
     TreeConfig,
 )
@@ -44,9 +45,10 @@ FLAGS: dict[str, dict[str, Any]] = {
         "where the device runs it well",
     },
     "--quantize": {
-        "choices": ["none", "8bit", "4bit"],
+        "choices": list(get_args(Quantization)),
         "default": "none",
-        "help": "bitsandbytes quantization of the target",
+        "help": "quantization of the target: int8 (fast on CPUs, exact across batch sizes; "
+        "see docs/quantization.md), or bitsandbytes' 8bit/4bit (GPUs)",
     },
     "--device-map": {"help": "accelerate device_map, e.g. auto"},
     "--trust-remote-code": {

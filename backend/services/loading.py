@@ -50,10 +50,11 @@ from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
 from backend.services import calibration_cache, gguf_cache, tuning_cache
 from backend.services.dtypes import resolve_dtype
+from backend.services.int8_loading import load_int8
 from backend.services.planning import available_ram
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
-from backend.services.validate import check_head_fits_target, read_target_config
+from backend.services.validate import check_head_fits_target, read_target_config, text_config
 from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
 from models.heads.base import DraftHead, execution_device
 
@@ -108,7 +109,8 @@ def resolve_location(repo_or_path: str, gguf_file: str | None = None) -> str:
 
 
 def quantization_config(kind: str, compute_dtype: torch.dtype) -> Any:
-    if kind == "none":
+    """bitsandbytes' settings for ``kind``; None for none and for int8 (int8_loading.py)."""
+    if kind in ("none", "int8"):
         return None
     from transformers import BitsAndBytesConfig
 
@@ -152,6 +154,8 @@ def _pretrained_kwargs(config: LoadConfig, dtype: torch.dtype, device: torch.dev
 def _weights_label(
     config: LoadConfig, source: TargetSource, quantized: bool, dtype_name: str, converted: bool
 ) -> str:
+    if config.quantization == "int8":
+        return "weights, re-quantized to int8 tensor by tensor"
     if source.is_gguf:
         return f"GGUF weights, dequantized to {dtype_name}"
     what = f"{config.quantization} weights" if quantized else f"{dtype_name} weights"
@@ -159,13 +163,17 @@ def _weights_label(
 
 
 def _load_target(
-    prepared: PreparedLoad, kwargs: dict[str, Any], dtype_name: str
-) -> Generator[Progress, None, tuple[Any, Any]]:
+    prepared: PreparedLoad, dtype: torch.dtype, device: torch.device
+) -> Generator[Progress, None, tuple[Any, Any, str]]:
     """Tokenizer, then the target's weights: load errors become clear messages. A GGUF file is
-    read from its kept conversion when there is one, and kept after its first float32 load."""
+    read from its kept conversion when there is one, and kept after its first float32 load.
+    int8 weights are read tensor by tensor into their int8 form (int8_loading.py). Returns the
+    tokenizer, the model and what was re-quantized ("" unless int8)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config, target_path = prepared.config, prepared.target_path
+    kwargs = _pretrained_kwargs(config, dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
     original = local_source(target_path)
     converted = gguf_cache.converted_source(original)
     source = converted or original
@@ -181,15 +189,18 @@ def _load_target(
             trust_remote_code=config.trust_remote_code,
             **source.pretrained_kwargs(),
         )
-        stage = "quantize" if quantized else "load"
+        stage = "quantize" if quantized or config.quantization == "int8" else "load"
         yield Progress(stage, 2, _LOAD_STEPS, "steps", f"target {what}")
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
+        if config.quantization == "int8":
+            loaded = load_int8(source, text_config(prepared.target_config))
+            return tokenizer, loaded.model, loaded.description
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
     if source.is_gguf and gguf_cache.worth_keeping(model):
         yield Progress("load", 2, _LOAD_STEPS, "steps", "keeping the converted GGUF weights")
         gguf_cache.keep_conversion(source, model, tokenizer)
-    return tokenizer, model
+    return tokenizer, model, ""
 
 
 def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
@@ -197,9 +208,8 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     config = prepared.config
     device = choose_device()
     dtype = resolve_dtype(config.dtype, device)
-    kwargs = _pretrained_kwargs(config, dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
-    tokenizer, model = yield from _load_target(prepared, kwargs, dtype_name)
+    tokenizer, model, weights = yield from _load_target(prepared, dtype, device)
     yield Progress("load", 3, _LOAD_STEPS, "steps", "binding the head")
     head, drafter = prepared.head, None
     if head is not None:
@@ -232,6 +242,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         pair_info(config, model, head, runner, dtype_name, format_label(prompt_format)),
         head_dtype="" if head_precision == "target" else head_precision,
         tree_tuning=tuning,
+        weights=weights,
     )
     yield Progress("warmup", 5, _LOAD_STEPS, "steps", "ready")
     logger.info("loaded %s", info)
@@ -381,11 +392,14 @@ def speed_up_projections(
     calibration cache, or timed now; then the target's decoder projections, unless
     ``config.decoder_forms`` is "stock"."""
     force = None if config.readout == "auto" else config.readout
-    forms = {"target": speed_up_readout(model, force, known.get("target"))}
+    if config.quantization == "int8":  # the target's linears run their int8 form
+        forms = {"target": {False: "stock", True: "stock"}}
+    else:
+        forms = {"target": speed_up_readout(model, force, known.get("target"))}
     own = getattr(head, "lm_head", None)
     if own is not None and own is not model.get_output_embeddings():
         forms["head"] = speed_up(own, force, known.get("head"))
-    if config.decoder_forms == "auto":
+    if config.decoder_forms == "auto" and config.quantization != "int8":
         forms.update(speed_up_decoder(model, known_decoder_forms(known), _room_to_pack(model)))
     return forms
 

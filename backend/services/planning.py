@@ -35,8 +35,10 @@ from models.checkpoints import check_safetensors
 logger = logging.getLogger(__name__)
 
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-# bytes per quantized Linear weight: int8 + row scales; nf4 + one fp32 absmax per 64 weights
-QUANT_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64}
+# bytes per quantized Linear weight: int8 + row scales; nf4 + one fp32 absmax per 64 weights;
+# our int8 (engine/int8_linear.py): the int8 values and the kernel's packed copy of them
+QUANT_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64, "int8": 2.0}
+INT8_READOUT_BYTES = 1.0  # int8 also packs the readout (beside its float weight, tied or not)
 CHECKPOINT_BYTES_PER_PARAM = 2  # Hub checkpoints are nearly all bf16/fp16
 _UNQUANTIZED = ("embed", "lm_head", "wte", "norm")  # bitsandbytes leaves these in float
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -62,6 +64,7 @@ def plan_pair(config: LoadConfig) -> PairPlan:
     params, quantizable, source, target_config = _count_target(target, config)
     head_params = _count_head(head) if head else 0
     memory = weight_memory_bytes(params, quantizable, dtype, config.quantization)
+    memory += int8_readout_bytes(target_config, config.quantization)
     sides = [side for side in (target, head) if side is not None]
     missing = sum(side.size.total_bytes - side.size.cached_bytes for side in sides)
     return PairPlan(
@@ -85,10 +88,11 @@ def local_weight_bytes(config: LoadConfig, target_path: str, head_path: str | No
     """Memory estimate for a pair already on disk (what ``load`` shows and checks)."""
     dtype = resolve_dtype(config.dtype, choose_device())
     target = _local_side(target_path, config.target)
-    params, quantizable, _, _ = _count_target(target, config)
+    params, quantizable, _, target_config = _count_target(target, config)
     head = _count_head(_local_side(head_path, config.head or "")) if head_path else 0
     return (
         weight_memory_bytes(params, quantizable, dtype, config.quantization)
+        + int8_readout_bytes(target_config, config.quantization)
         + head * (DTYPE_BYTES[dtype])
     )
 
@@ -276,6 +280,13 @@ def weight_memory_bytes(
         return parameters * float_bytes
     rest = parameters - quantizable
     return int(quantizable * QUANT_BYTES[quantization] + rest * float_bytes)
+
+
+def int8_readout_bytes(target_config: Any, quantization: str) -> int:
+    """The packed int8 readout an int8 load adds (0 otherwise, or without a config)."""
+    if quantization != "int8" or target_config is None:
+        return 0
+    return int(INT8_READOUT_BYTES * int(target_config.vocab_size) * int(target_config.hidden_size))
 
 
 def kv_bytes_per_token(target_config: Any, dtype: torch.dtype) -> int:

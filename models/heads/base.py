@@ -51,6 +51,8 @@ class DraftHead(nn.Module):
         # placed, and looked up on every draft step
         self._embedding_device = execution_device(embedding)
         weight = next(lm_head.parameters(), None) if lm_head is not None else None
+        if weight is not None and not weight.is_floating_point():  # int8 weights: float input
+            weight = next(embedding.parameters())
         self._lm_head_input = (  # an offloaded weight keeps its dtype on meta
             (execution_device(lm_head), weight.dtype) if weight is not None else (None, None)
         )

@@ -218,6 +218,9 @@ class FakeBackend:
     def default_dtype(self, preferred: str = "auto") -> str:
         return "float32"  # what a CPU without bf16 matrix units gets
 
+    def recommended_quantization(self) -> str:
+        return "int8"  # what a CPU gets
+
     def estimated_vanilla_speed(self) -> float | None:
         return self.calibrated_speed if self.loaded else None
 

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from backend.config import GenerationConfig
+from backend.engine import int8_linear
 from backend.engine.autotune import Arm, TreePolicy
 from backend.engine.calibration import CostModel
 from backend.engine.drafter import EagleDrafter
@@ -13,6 +14,14 @@ from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
 from backend.engine.target import TargetRunner
 from backend.events import Finished, GenerationSummary, RoundCompleted
+
+
+def with_weights(model, weights: str):
+    """``model`` as loaded with ``weights``: "float32" as built, "int8" swapped to its int8 form
+    (backend/engine/int8_linear.py)."""
+    if weights == "int8":
+        int8_linear.quantize_model(model)
+    return model
 
 
 def make_runner(target, head=None) -> tuple[TargetRunner, EagleDrafter | None]:

@@ -1,5 +1,5 @@
-"""Greedy identity (fp32): EAGLE output == vanilla output == transformers' own greedy generate,
-across architectures, head kinds, tree shapes and stop conditions."""
+"""Greedy identity (fp32, and int8 targets): EAGLE output == vanilla output == transformers' own
+greedy generate, across architectures, head kinds, tree shapes and stop conditions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from backend.config import TreeConfig
 from backend.engine.autotune import Arm
-from tests.engine.helpers import make_runner, run, run_arms
+from tests.engine.helpers import make_runner, run, run_arms, with_weights
 from tests.factories import ARCHITECTURES, tiny_head, tiny_target
 
 TREES = {
@@ -49,12 +49,19 @@ def assert_identity(target, head, label: str) -> None:
             )
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+# int8 targets (backend/engine/int8_linear.py) on a few architectures: exact across batch sizes
+WEIGHTS = [(arch, "float32") for arch in ARCHITECTURES] + [
+    ("llama", "int8"),
+    ("mistral", "int8"),
+]
+
+
+@pytest.mark.parametrize(("arch", "weights"), WEIGHTS)
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
-    target = tiny_target(arch, num_layers=8)
+def test_eagle_equals_vanilla_equals_transformers(arch: str, weights: str, kind: str) -> None:
+    target = with_weights(tiny_target(arch, num_layers=8), weights)
     head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
-    assert_identity(target, head, f"{arch}/{kind}")
+    assert_identity(target, head, f"{arch}/{weights}/{kind}")
 
 
 # Rounds that merge context chains into the head's tree (a chain, a branching tree, two

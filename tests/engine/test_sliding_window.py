@@ -26,7 +26,7 @@ from backend.engine import kv
 from backend.engine.attention_layout import AttentionLayout, UnsupportedTargetError
 from backend.engine.tree import DraftTree
 from backend.services.loading import prepare
-from tests.engine.helpers import make_runner, path_tokens, run, run_arms
+from tests.engine.helpers import make_runner, path_tokens, run, run_arms, with_weights
 from tests.engine.test_loop_identity import MERGED_ARMS, hf_greedy
 from tests.factories import tiny_head
 
@@ -105,12 +105,22 @@ def test_every_tree_node_sees_what_sequential_decoding_sees(name: str) -> None:
             torch.testing.assert_close(logits[node], reference, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(SLIDING_CONFIGS))
+# int8 targets (backend/engine/int8_linear.py) on the Gemma 3 and Mistral layouts
+WEIGHTS = [(name, "float32") for name in SLIDING_CONFIGS] + [
+    ("gemma3", "int8"),
+    ("mistral", "int8"),
+]
+
+
+@pytest.mark.parametrize(("name", "weights"), WEIGHTS)
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kind: str) -> None:
+def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(
+    name: str, weights: str, kind: str
+) -> None:
     model, window = sliding_target(name)
+    with_weights(model, weights)
     head = tiny_head(kind, model, draft_vocab_size=100 if kind == "eagle3" else None)
-    assert_identity_past_the_window(model, head, window, f"{name}/{kind}")
+    assert_identity_past_the_window(model, head, window, f"{name}/{weights}/{kind}")
 
 
 def assert_identity_past_the_window(model, head, window: int, label: str) -> None:

@@ -231,6 +231,30 @@ def test_model_manager_loads_with_progress(page, live_app: LiveApp) -> None:
     page.screenshot(path=ARTIFACTS / "models.png", full_page=True)
 
 
+def test_models_tab_offers_int8_on_a_cpu_and_a_chat_runs_with_it(page, live_app: LiveApp) -> None:
+    open_tab(page, "Models")
+    choice = page.locator("#models-quantization label", has_text="int8")
+    assert "recommended here" in choice.inner_text()  # the app runs on a CPU
+    page.fill("#models-target textarea", str(live_app.pair.target))
+    page.fill("#models-head textarea", str(live_app.pair.head))
+    choice.click()
+    page.click("#models-load-btn")
+    page.wait_for_function(  # a new load times the tree costs again: minutes on a busy CPU
+        "() => document.querySelector('#models-status').innerText.includes('Loaded in')",
+        timeout=10 * TIMEOUT_MS,
+    )
+    assert "int8" in page.inner_text("#loaded-pair")
+    assert "re-quantized to int8" in page.inner_text("#models-status")
+    open_tab(page, "Chat")
+    send(page, "hello int8")
+    page.wait_for_function(
+        "() => document.querySelector('#accept-stats').innerText.includes('Finished')"
+    )
+    assert page.locator("#chatbot [data-testid='bot']").last.inner_text().strip()
+    assert live_app.backend.status().loaded.quantization == "int8"
+    page.screenshot(path=ARTIFACTS / "models-int8.png", full_page=True)
+
+
 DEMO = ROOT / "assets" / "demo"
 CODE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
 ARITHMETIC_PROMPT = (

@@ -1,0 +1,87 @@
+"""Attention whose result for a query row does not depend on the other rows in the call: what
+int8 targets need beside their exact linears (int8_linear.py).
+
+A one-token step attends over the keys before it; the same token verified in a tree attends
+over the same keys, but inside one call with the tree's other nodes, its row padded by keys it
+must not see (masked) and the products laid out for the whole block. Fused attention kernels
+then add the same numbers in another order, and the last bits of the result move. A float model
+shrugs that off; an int8 model rounds each activation to one of 255 steps, so a last-bit change
+can move a step, and greedy EAGLE would drift from vanilla decoding of the same int8 model.
+
+Here every query row of a decoding call (at most EXACT_ROWS rows: steps, chains, trees) is
+computed on its own, over exactly the keys it may see, in position order: the same tensors of
+the same shapes as a one-token step at that position, hence the same bits. Larger calls (the
+prompt) run transformers' SDPA as usual: vanilla decoding and EAGLE share that call anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NAME = "eaglechat_exact"  # the attention implementation's registered name
+EXACT_ROWS = 64  # query rows up to which a call is computed row by row (CPU trees: <= 60)
+
+
+def register() -> None:
+    """Make NAME known to transformers (attention and mask creation, the latter as for SDPA)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(NAME, exact_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def use_exact_attention(model: nn.Module) -> str:
+    """Switch ``model`` to NAME; returns the implementation it had (to switch back)."""
+    register()
+    before = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    return before
+
+
+def exact_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,  # [1, heads, q, head_dim]
+    key: torch.Tensor,  # [1, kv_heads, k, head_dim]
+    value: torch.Tensor,  # [1, kv_heads, k, head_dim]
+    attention_mask: torch.Tensor | None,  # [1, 1, q, k] additive float (or bool), or None
+    **options,  # scaling, sliding_window, softcap, dropout (0 at inference), ...
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: returns ([1, q, heads, head_dim], None)."""
+    rows = query.shape[2]
+    if rows > EXACT_ROWS or query.shape[0] != 1:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **options)
+    scale = options.get("scaling") or query.shape[-1] ** -0.5
+    softcap = options.get("softcap")
+    visible = _visible(attention_mask, rows, key.shape[2], options.get("sliding_window"))
+    kv_heads, head_dim = key.shape[1], key.shape[3]
+    groups = query.shape[1] // kv_heads
+    out = []
+    for row in range(rows):
+        keys = visible[row].nonzero().squeeze(1)  # the positions it sees, in order
+        k = key[0].index_select(1, keys)  # [kv_heads, n, head_dim]
+        v = value[0].index_select(1, keys)
+        q = query[0, :, row].reshape(kv_heads, groups, head_dim).contiguous()
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [kv_heads, groups, n]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        weights = scores.float().softmax(-1).to(v.dtype)
+        out.append(torch.matmul(weights, v).reshape(kv_heads * groups, head_dim))
+    return torch.stack(out)[None], None  # [1, q, heads, head_dim]
+
+
+def _visible(mask: torch.Tensor | None, rows: int, keys: int, window: int | None) -> torch.Tensor:
+    """Which keys each query row sees: the mask's zeros (True in a bool mask), else causal
+    over the last ``rows`` positions, within ``window`` when one is given."""
+    if mask is not None:
+        block = mask[0, 0, :, :keys] if mask.dim() == 4 else mask[:, :keys]
+        return block if block.dtype == torch.bool else block == 0
+    position = torch.arange(keys)
+    last = (keys - rows + torch.arange(rows))[:, None]  # each row's own position
+    seen = position[None, :] <= last
+    if window is not None:
+        seen &= position[None, :] > last - window
+    return seen

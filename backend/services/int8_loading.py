@@ -1,0 +1,192 @@
+"""Load a target straight into its int8 form (``--quantize int8``, backend/engine/int8_linear.py),
+one tensor at a time: the whole model never exists in float32.
+
+The model is built with its parameters on ``meta`` (buffers such as rotary tables are real).
+Then each stored tensor is read (a GGUF tensor dequantized, a safetensors tensor as stored),
+and either re-quantized into its linear's int8 form or kept as a float32 parameter, before the
+next one is read. GGUF names and layouts are mapped by transformers' own GGUF tables, so the
+result equals transformers' GGUF loading followed by the int8 swap.
+
+Other checkpoint formats (``pytorch_model.bin``) load in float32 and are quantized afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from backend.engine import int8_linear
+from backend.engine.exact_attention import use_exact_attention
+from backend.engine.int8_linear import quantize_linear, quantize_model
+from backend.errors import ConfigError
+from backend.services.target_source import TargetSource
+from models.features import decoder_of
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Load:
+    model: Any
+    description: str  # what was re-quantized and how, for the load info
+
+
+def load_int8(source: TargetSource, config: Any) -> Int8Load:
+    """The target at ``source`` with every decoder linear and the readout in int8."""
+    if not int8_linear.available():
+        raise ConfigError(
+            "int8 quantization needs torch's x86 quantized engine (fbgemm), which this build lacks",
+            hint="load without quantization",
+        )
+    loaded = _load(source, config)
+    logger.info("int8 target: %s", loaded.description)
+    return loaded
+
+
+def _load(source: TargetSource, config: Any) -> Int8Load:
+    from transformers import AutoModelForCausalLM
+
+    if source.is_gguf:
+        model = _empty_model(config)
+        stored = _fill(model, _gguf_tensors(Path(source.display), model))
+        return Int8Load(model, _describe(model, f"GGUF {_formats(stored)}"))
+    shards = sorted(Path(source.directory).glob("*.safetensors"))
+    if shards:
+        model = _empty_model(config)
+        stored = _fill(model, _safetensors_tensors(shards))
+        return Int8Load(model, _describe(model, _formats(stored)))
+    model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32).eval()
+    quantize_model(model)
+    return Int8Load(model, _describe(model, "float32 (loaded whole, then quantized)"))
+
+
+def _empty_model(config: Any) -> nn.Module:
+    """The architecture with its parameters on ``meta`` and its buffers real."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def _quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """Parameter name -> linear, for every linear whose weight becomes int8: the decoder's and
+    an untied readout (one tied to the embedding is quantized from it once it is loaded)."""
+    names = {module: name for name, module in model.named_modules()}
+    linears = {
+        f"{names[module]}.weight": module
+        for layer in decoder_of(model).layers
+        for module in layer.modules()
+        if type(module) is nn.Linear
+    }
+    if not _tied(model):
+        readout = model.get_output_embeddings()
+        linears[f"{names[readout]}.weight"] = readout
+    return linears
+
+
+def _tied(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def _stored_names(model: nn.Module) -> dict[str, str]:
+    """Stored name -> parameter name where they differ: a tied pair may be stored under the
+    readout's name only (safetensors keeps one name per shared tensor)."""
+    if not _tied(model):
+        return {}
+    names = {module: name for name, module in model.named_modules()}
+    readout = f"{names[model.get_output_embeddings()]}.weight"
+    return {readout: f"{names[model.get_input_embeddings()]}.weight"}
+
+
+def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) -> Counter:
+    """Place every stored tensor; returns the stored formats of the re-quantized ones."""
+    quantized = _quantized_linears(model)
+    renamed = _stored_names(model)
+    stored: Counter = Counter()
+    for name, tensor, form in tensors:
+        name = renamed.get(name, name)
+        linear = quantized.get(name)
+        if linear is not None:
+            quantize_linear(linear, tensor)
+            stored[form] += 1
+            continue
+        module_name, _, leaf = name.rpartition(".")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            logger.debug("stored tensor %s has no place in the model: skipped", name)
+            continue
+        if leaf in module._parameters:
+            module._parameters[leaf] = nn.Parameter(tensor.float(), requires_grad=False)
+        elif leaf in module._buffers:
+            module._buffers[leaf] = tensor.float()
+    readout = model.get_output_embeddings()
+    if _tied(model):  # share the embedding's weight, then quantize
+        readout.weight = model.get_input_embeddings().weight
+        quantize_linear(readout, tied=True)
+        stored["tied to the embedding"] += 1
+    use_exact_attention(model)
+    missing = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise ConfigError(
+            f"the target's files hold no values for {len(missing)} parameters "
+            f"(e.g. {', '.join(missing[:3])})",
+            hint="load without --quantize int8 to let transformers read this checkpoint",
+        )
+    return stored
+
+
+def _safetensors_tensors(shards: list[Path]) -> Iterator[tuple[str, torch.Tensor, str]]:
+    from safetensors import safe_open
+
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_tensor(name)
+                yield name, tensor, str(tensor.dtype).removeprefix("torch.")
+
+
+def _gguf_tensors(path: Path, model: nn.Module) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """Each GGUF tensor dequantized, renamed and re-laid out as transformers' GGUF loading
+    does (its tensor processors and name map)."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    reader = GGUFReader(str(path))
+    field = reader.fields["general.architecture"]
+    architecture = bytes(field.parts[field.data[0]]).decode()
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
+    names = get_gguf_hf_weights_map(model, processor)
+    for tensor in reader.tensors:
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names)
+        if result.name not in names:
+            continue
+        values = torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
+        yield names[result.name], values, tensor.tensor_type.name
+
+
+def _formats(stored: Counter) -> str:
+    return ", ".join(f"{form} ({count})" for form, count in stored.most_common())
+
+
+def _describe(model: nn.Module, stored: str) -> str:
+    count = sum(1 for module in model.modules() if "int8_weight" in module.__dict__)
+    return (
+        f"{count} linears re-quantized to int8 (per-row scales) from {stored}; "
+        "embedding and norms in float32"
+    )
