@@ -153,7 +153,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_other_rows_arguments(parser)
     _add_draft_arguments(parser)
-    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
     _add_run_arguments(parser)
     _add_sweep_arguments(parser)
     parser.add_argument("--out", default=f"bench-results/run-{time.strftime('%Y%m%d-%H%M%S')}")
