@@ -28,7 +28,7 @@ from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-COST_FORMAT = 14  # bump when what calibrate() measures changes (or what it times got faster)
+COST_FORMAT = 15  # bump when what calibrate() measures changes (or what it times got faster)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".json")
 
 

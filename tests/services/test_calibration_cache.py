@@ -109,20 +109,9 @@ def scale_cached_costs(factor: float) -> None:
     entry.write_text(json.dumps(data))
 
 
-def test_costs_cached_on_a_much_busier_machine_are_measured_again(pair_on_disk) -> None:
-    """A first load during an install times everything several times too slow, and unevenly:
-    a quick plain step at the next load shows it, and the costs are timed again and saved."""
-    first, _ = load(pair_on_disk)
-    scale_cached_costs(10.0)
-    again, progress = load(pair_on_disk)
-    assert again.calibration_s > 0 and "busier machine" in progress[0].message
-    assert again.engine.costs.verify(1) < 5 * first.engine.costs.verify(1)  # not the cached 10x
-    third, _ = load(pair_on_disk)  # the new timing was saved and now stands
-    assert third.calibration_s == 0.0 and third.engine.costs == again.engine.costs
-
-
-def test_costs_cached_on_a_faster_machine_are_kept_while_it_is_busy(pair_on_disk) -> None:
-    """Slower now than then is no reason to time again (now is the less trustworthy timing)."""
+def test_cached_costs_are_kept_whatever_the_machine_does_now(pair_on_disk) -> None:
+    """Cached costs are not timed again at load: they seed the tuner's prices, and the rounds'
+    measured times follow the machine from there (autotune.py)."""
     first, _ = load(pair_on_disk)
     scale_cached_costs(0.1)
     again, _ = load(pair_on_disk)
