@@ -112,12 +112,17 @@ class TreePolicy:
         # smaller arms first, each with the positions of its largest covered drafting arms and
         # how many times deeper its head is than theirs, when that is all it adds (see _prior)
         self._order = sorted(self.arms, key=lambda a: (_shape(a.head), a.context, a.chains))
-        self._covered = [
-            [
-                (self._order.index(c), _growth(c, a))
-                for c in _largest_covered(a, self._order[:i])
-                if c.drafts
-            ]
+        self._rows = [
+            (
+                a,
+                self.stats[a],
+                self._calibrated[a],
+                [
+                    (self._order.index(c), _growth(c, a))
+                    for c in _largest_covered(a, self._order[:i])
+                    if c.drafts
+                ],
+            )
             for i, a in enumerate(self._order)
         ]
         self.ratio = FadingMean(mean=1.0)  # real / calibrated round time
@@ -126,6 +131,8 @@ class TreePolicy:
         self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats]]] = {}
         for arm, stats in self.stats.items():
             self._by_option.setdefault((arm.context, arm.chains), []).append((arm, stats))
+        # the longest chains and most of them that any arm carries: what a round looks up
+        self.context_request = (max(a.context for a in arms), max(a.chains for a in arms))
         self._random = random.Random(seed)
 
     @classmethod
@@ -139,25 +146,19 @@ class TreePolicy:
         contexts = [(0, 0)] + (list(CONTEXT_OPTIONS) if drafts != "head" else [])
         return cls(costs, [Arm(h, c, k) for h in heads for c, k in contexts])
 
-    @property
-    def context_request(self) -> tuple[int, int]:
-        """The longest chains and most of them that any arm carries: what to look up."""
-        return max(a.context for a in self.arms), max(a.chains for a in self.arms)
-
     # ---- choosing ------------------------------------------------------------------------
     def choose(self) -> Arm:
         """The arm with the most tokens per second, both drawn ``luck`` standard deviations
         off their posterior means (more tokens, fewer seconds)."""
-        luck, ratio = self._random.gauss(0.0, 1.0), self.ratio.mean
+        luck, ratio, hit = self._random.gauss(0.0, 1.0), self.ratio.mean, self.hit
         known: list[float] = []  # per arm in order: its mean, else its prior
         best, best_speed = self.arms[0], 0.0
-        for arm, covered in zip(self._order, self._covered):  # priors build up from small arms
-            stats = self.stats[arm]
-            tokens = stats.tokens[self.hit and arm.context > 0]
+        for arm, stats, calibrated, covered in self._rows:  # priors build up from small arms
+            tokens = stats.tokens[hit and arm.context > 0]
             prior = self._prior(arm, covered, known)
             known.append(tokens.mean if tokens.count else prior)
             drawn = _drawn(tokens, prior, PRIOR_SPREAD, luck) if arm.drafts else 1.0
-            seed = self._calibrated[arm] * ratio
+            seed = calibrated * ratio
             speed = drawn / max(_drawn(stats.seconds, seed, 0.0, -luck), seed / 10)
             if speed > best_speed:
                 best, best_speed = arm, speed
@@ -209,8 +210,7 @@ class TreePolicy:
         if seconds is not None:
             self.stats[arm].seconds.add(seconds)
             self.ratio.add(seconds / self._calibrated[arm])
-        options = {(a.context, a.chains) for a in self.arms if a.head in replayed}
-        self._pending.append(_Pending(start, candidates, replayed, self.hit, options))
+        self._pending.append(_Pending(start, candidates, replayed, self.hit, set(self._by_option)))
         self.hit = bool(candidates) and len(text) > start and text[start] == candidates[0][0]
         self.settle(text)
 
