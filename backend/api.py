@@ -330,8 +330,8 @@ class Backend:
 
     def estimated_vanilla_speed(self) -> float | None:
         """Plain decoding speed predicted from the tree auto-tuner's calibration (the timed
-        one-token forward), without running anything: an estimate, not a measurement. None
-        for a pair without a head (nothing is calibrated then)."""
+        one-token forward), without running anything: an estimate, not a measurement. Every
+        loaded pair is calibrated (without a head, for its context drafts); None when none is."""
         pair = self.pair
         if pair is None or pair.engine.costs is None:
             return None

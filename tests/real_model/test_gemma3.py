@@ -89,9 +89,8 @@ def test_a_second_load_reads_the_kept_conversion(gemma: LoadedPair) -> None:
     with torch.inference_mode():
         ids = torch.tensor([prompt])
         assert torch.equal(again.model(ids).logits, gemma.model(ids).logits)
-    # the first load's tuner lesson was saved: this load resumes it, the rest is the same
-    assert again.info.tree_tuning == "resumed" and gemma.info.tree_tuning in ("taught", "resumed")
-    assert again.info == dataclasses.replace(gemma.info, tree_tuning="resumed")
+    # tuning state is saved at exit: both loads start from the same saved state (or none)
+    assert again.info == gemma.info
 
 
 def test_greedy_eagle_equals_vanilla_and_generate_at_a_long_context(gemma: LoadedPair) -> None:

@@ -213,12 +213,12 @@ def test_vanilla_speed_is_measured_once_per_pair(saved_pairs: SavedPairs) -> Non
 
 def test_vanilla_estimate_comes_from_calibration_only(saved_pairs: SavedPairs) -> None:
     backend = Backend()
-    list(backend.load(LoadConfig(str(saved_pairs.target))))
-    assert backend.estimated_vanilla_speed() is None  # no head: nothing calibrated to show
-    list(backend.load(LoadConfig(str(saved_pairs.target), str(saved_pairs.head))))
-    costs = backend.pair.engine.costs  # calibrated while loading, before any reply
-    assert costs is not None
-    assert backend.estimated_vanilla_speed() == pytest.approx(1.0 / costs.verify(1))
+    assert backend.estimated_vanilla_speed() is None  # nothing loaded
+    for head in (None, str(saved_pairs.head)):  # without a head, calibrated for context drafts
+        list(backend.load(LoadConfig(str(saved_pairs.target), head)))
+        costs = backend.pair.engine.costs  # calibrated while loading, before any reply
+        assert costs is not None
+        assert backend.estimated_vanilla_speed() == pytest.approx(1.0 / costs.verify(1))
     backend.unload()
     assert backend.estimated_vanilla_speed() is None
 

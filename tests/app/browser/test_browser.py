@@ -240,10 +240,11 @@ def test_models_tab_offers_int8_on_a_cpu_and_a_chat_runs_with_it(page, live_app:
     choice.click()
     page.click("#models-load-btn")
     page.wait_for_function(  # a new load times the tree costs again: minutes on a busy CPU
-        "() => document.querySelector('#models-status').innerText.includes('Loaded in')",
+        # the page may still show the earlier float32 load's "Loaded in": wait for this one's
+        "() => document.querySelector('#models-status').innerText.includes('Loaded in')"
+        " && document.querySelector('#loaded-pair').innerText.includes('int8')",
         timeout=10 * TIMEOUT_MS,
     )
-    assert "int8" in page.inner_text("#loaded-pair")
     assert "re-quantized to int8" in page.inner_text("#models-status")
     open_tab(page, "Chat")
     send(page, "hello int8")
