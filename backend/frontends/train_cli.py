@@ -2,51 +2,59 @@
 
     python launch.py train-head --target ./my-model --data sharegpt.json --kind eagle3 \\
         --out ./my-head --steps 2000 --regenerate --draft-vocab-size 32000
+    python launch.py train-head --target gemma.gguf --text --data wiki.txt --kind eagle3 \\
+        --out ./gemma-head --regenerate --cache-features ./gemma-cache --epochs 4
     # interrupted? add --resume to continue from the newest checkpoint in --out
+    python launch.py train-head --target gemma.gguf --eval-head ./gemma-head \\
+        --eval-prompt-file prompts.jsonl --eval-prompts 4     # tau of a head, as the bench has it
 
-Loads the target (frozen) and its tokenizer from a local directory, reads and tokenises the
-chat data (assistant-only loss), optionally regenerates the replies with the target, trains
-(models/training/trainer.py) and measures the average acceptance length tau of the head on
-held-out prompts through the real engine. The evaluation lives here because it imports the
-engine, which models/ must not. Known failures print ``error:``/``hint:`` and exit with 2.
+Loads the target (frozen) and its tokenizer from a local directory or GGUF file, reads the data
+(chat: assistant-only loss; ``--text``: plain text for base models, a held-out share of it set
+aside and written as bench prompts), optionally has the target write the replies or
+continuations itself, trains (models/training/trainer.py) and measures held-out tau through the
+real engine on the bench's settings (train_eval.py). Known failures print ``error:``/``hint:``
+and exit with 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from backend.config import GenerationConfig
+from backend.bench.prompts import BenchPrompt, load_prompts, save_prompts
 from backend.engine.device import choose_device
-from backend.engine.drafter import EagleDrafter
-from backend.engine.engine import Engine
-from backend.engine.stopping import StopSpec
-from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
-from backend.events import Finished, average_acceptance_length
 from backend.frontends.flags import add_flags
+from backend.frontends.train_eval import (
+    BENCH_MAX_NEW_TOKENS,
+    BENCH_TREE,
+    encode_bench_prompts,
+    eval_generation,
+    make_tau_evaluator,
+)
+from backend.services import gguf_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import TargetSource, local_source
-from models.chat_format import encode_prompt, eos_token_ids
-from models.checkpoints import check_safetensors_folder
-from models.features import decoder_of
-from models.heads.base import DraftHead
+from models.chat_format import encode_prompt, text_chunks
+from models.checkpoints import check_safetensors_folder, load_head
 from models.heads.config import HeadKind
+from models.training.checkpointing import checkpoint_dirs
+from models.training.continuations import ContinuationOptions, continue_prompts, cut_prompts
 from models.training.data import (
     RegenerateOptions,
+    TokenizedExample,
+    held_out_units,
     load_conversations,
     load_documents,
     prompt_messages,
     regenerate_replies,
     split_held_out,
-    tokenize_conversation,
     tokenize_conversations,
 )
 from models.training.trainer import TrainConfig, TrainResult, train_head
@@ -56,6 +64,8 @@ logger = logging.getLogger(__name__)
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
+CONTINUATIONS_NAME = "continuations.jsonl"  # in --out: the target's continuations (--text)
+HELD_OUT_NAME = "held_out.jsonl"  # in --out: the held-out text as bench prompts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,34 +74,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flags(parser, "gguf-file")
     parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)",
+        "--data", nargs="+", help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)"
     )
     parser.add_argument(
         "--text",
         action="store_true",
-        help="the data is plain text to continue (base models): every token "
-        "is trained, held-out prompts are the first --eval-prompt-tokens of "
-        "held-out pieces",
+        help="the data is plain text to continue (base models): every token is trained, "
+        "a held-out share of it is never trained on and gives the evaluation prompts",
     )
-    parser.add_argument("--eval-prompt-tokens", type=int, default=64)
-    parser.add_argument("--kind", required=True, choices=[k.value for k in HeadKind])
-    parser.add_argument("--out", required=True, help="output directory of the head")
+    parser.add_argument(
+        "--held-out-share",
+        type=float,
+        default=0.05,
+        help="--text: share of the lines (.txt) or records (JSON) held out, chosen by content; "
+        f"their first passages are written to OUT/{HELD_OUT_NAME} for the bench",
+    )
+    parser.add_argument("--kind", choices=[k.value for k in HeadKind])
+    parser.add_argument("--out", help="output directory of the head")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--warmup-steps", type=int, default=None)
+    _add_regeneration_arguments(parser)
+    _add_head_arguments(parser)
+    parser.add_argument("--checkpoint-every", type=int, default=500)
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _add_evaluation_arguments(parser)
+    add_flags(parser, "dtype")
+    parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_regeneration_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--regenerate",
         action="store_true",
-        help="replace the replies by the target's own (recommended)",
+        help="train on what the target writes itself: its replies (chat data, recommended), "
+        "or with --text its continuations of prompts cut from the text",
     )
     parser.add_argument("--regen-max-new-tokens", type=int, default=256)
-    parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument(
+        "--regen-temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy; with --text the temperature of the sampled share",
+    )
+    parser.add_argument(
+        "--regen-sampled-share",
+        type=float,
+        default=0.0,
+        help="--text: share of the prompts continued by sampling, the rest greedily",
+    )
+    parser.add_argument(
+        "--regen-prompts", type=int, default=0, help="--text: at most this many prompts (0 = all)"
+    )
+    parser.add_argument(
+        "--regen-prompt-chars",
+        type=int,
+        default=600,
+        help="--text: the text is cut into prompts of this many characters",
+    )
+    parser.add_argument("--regen-batch-size", type=int, default=16, help="--text: per generate")
+
+
+def _add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-vocab-size",
         type=int,
@@ -105,25 +153,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="EAGLE-3: compute the target's logits on the draft vocabulary only "
         "(much faster for large vocabularies)",
     )
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--eval-every", type=int, default=0, help="0 = evaluate at the end")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument(
-        "--eval-prompts",
-        type=int,
-        default=8,
-        help="held-out prompts for the tau evaluation (0 = none)",
+        "--cache-features",
+        metavar="DIR",
+        help="keep the target's features and targets in DIR (float16 shards on disk): the "
+        "target runs once per token, later epochs and --resume read them",
     )
-    parser.add_argument("--eval-max-new-tokens", type=int, default=128)
-    add_flags(parser, "dtype")
-    parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-top-k",
+        type=int,
+        default=64,
+        help="the target's most likely draft tokens kept per position in the cache",
+    )
+
+
+def _add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="steps between held-out tau measurements, kept as OUT/eval_curve.json and .png "
+        "(0 = at the end only)",
+    )
+    parser.add_argument(
+        "--eval-prompts", type=int, default=8, help="held-out prompts for tau (0 = none)"
+    )
+    parser.add_argument(
+        "--eval-prompt-file",
+        help="measure tau on this bench prompt file (FastChat JSONL, or .txt cut into "
+        "passages) instead of the held-out data, as launch.py bench --prompts FILE "
+        "--limit N reads it",
+    )
+    parser.add_argument(
+        "--eval-prompt-chars",
+        type=int,
+        default=600,
+        help="passage length of held-out and .txt prompts (the bench's --prompt-chars)",
+    )
+    parser.add_argument("--eval-max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS)
+    parser.add_argument(
+        "--eval-tree",
+        default=BENCH_TREE,
+        metavar="N/D/K",
+        help="the fixed tree of the evaluation, as the bench's --total-tokens/--depth/--top-k",
+    )
+    parser.add_argument(
+        "--eval-head",
+        metavar="DIR",
+        help="only measure this head's tau with the evaluation settings (no training)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, evaluate, print one summary line; one-line errors with a hint and exit code 2."""
+    """Train (or only evaluate), print one summary line; one-line errors with a hint and exit
+    code 2."""
     try:
-        result, held_out = _run(args)
+        line = _evaluate_only(args) if args.eval_head else summary_line(*_run(args))
     except EagleChatError as err:
         print(f"error: {err.message}", file=sys.stderr)
         if err.hint:
@@ -133,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: interrupted", file=sys.stderr)
         print("hint: run the same command with --resume to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(summary_line(result, held_out))
+    print(line)
     return 0
 
 
@@ -149,15 +234,46 @@ def summary_line(result: TrainResult, held_out: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
-    device = choose_device(args.device)
-    model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
-    conversations = [c for path in args.data for c in _read_data(path, args)]
-    train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
-    if args.regenerate:
-        train_convs = _regenerated(model, tokenizer, train_convs, args)
-    examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
-    logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
-    config = TrainConfig(
+    for flag in ("kind", "out", "data"):
+        if not getattr(args, flag):
+            raise ConfigError(f"train-head needs --{flag}", hint="or --eval-head DIR to measure")
+    if checkpoint_dirs(Path(args.out)) and not args.resume:
+        raise ConfigError(
+            f"{args.out} already holds training checkpoints",
+            hint="resume them (--resume) or choose another output directory",
+        )
+    model, tokenizer = load_target(
+        local_source(args.target, args.gguf_file), args.dtype, choose_device(args.device)
+    )
+    if args.text:
+        examples, prompts = _text_data(model, tokenizer, args)
+    else:
+        examples, prompts = _chat_data(model, tokenizer, args)
+    logger.info("%d training examples, %d held-out prompts", len(examples), len(prompts))
+    evaluate = None
+    if prompts:
+        generation = eval_generation(args.eval_max_new_tokens, args.eval_tree)
+        evaluate = make_tau_evaluator(model, tokenizer, prompts, generation)
+    config = _train_config(args, examples)
+    return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+
+
+def _train_config(args: argparse.Namespace, examples: list[TokenizedExample]) -> TrainConfig:
+    about = {
+        "data": list(args.data),
+        "text": args.text,
+        "held_out_share": args.held_out_share if args.text else None,
+        "regenerated": _regeneration_about(args) if args.regenerate else None,
+        "examples": len(examples),
+        "tokens": sum(min(len(e.input_ids), args.max_length) for e in examples),
+        "evaluation": {
+            "prompts": args.eval_prompt_file or "held-out data",
+            "count": args.eval_prompts,
+            "max_new_tokens": args.eval_max_new_tokens,
+            "tree": args.eval_tree,
+        },
+    }
+    return TrainConfig(
         kind=args.kind,
         out_dir=args.out,
         steps=args.steps,
@@ -173,25 +289,135 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
         eval_every=args.eval_every,
         seed=args.seed,
         resume=args.resume,
+        cache_dir=args.cache_features,
+        cache_top_k=args.cache_top_k,
+        about=about,
     )
-    if args.text:
-        prompts = [
-            tokenize_conversation(tokenizer, c, args.eval_prompt_tokens).input_ids for c in held_out
-        ]
+
+
+def _regeneration_about(args: argparse.Namespace) -> dict:
+    return {
+        "max_new_tokens": args.regen_max_new_tokens,
+        "temperature": args.regen_temperature,
+        "sampled_share": args.regen_sampled_share if args.text else None,
+        "prompts": args.regen_prompts if args.text else None,
+        "prompt_chars": args.regen_prompt_chars if args.text else None,
+    }
+
+
+def _evaluate_only(args: argparse.Namespace) -> str:
+    """--eval-head: the head's tau on the evaluation prompts, as a training run measures it."""
+    from backend.services.loading import bind_head
+
+    device = choose_device(args.device)
+    model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
+    head, _ = bind_head(model, load_head(args.eval_head), resolve_dtype(args.dtype, device))
+    if args.eval_prompt_file:
+        prompts = _prompt_file_ids(tokenizer, args)
+    elif args.data and args.text:
+        held_out = held_out_prompts(args.data, args.held_out_share, args.eval_prompt_chars)
+        prompts = encode_bench_prompts(tokenizer, held_out[: args.eval_prompts], "plain")
     else:
-        prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
-    evaluate = None
-    if prompts:
-        evaluate = make_tau_evaluator(
-            model, tokenizer, prompts, GenerationConfig(max_new_tokens=args.eval_max_new_tokens)
+        raise ConfigError("--eval-head needs --eval-prompt-file, or --text --data FILES")
+    generation = eval_generation(args.eval_max_new_tokens, args.eval_tree)
+    head.eval()
+    with torch.no_grad():
+        tau = make_tau_evaluator(model, tokenizer, prompts, generation)(head)
+    return (
+        f"tau {tau:.2f} on {len(prompts)} prompts (tree {args.eval_tree}, "
+        f"{args.eval_max_new_tokens} new tokens, greedy) for {args.eval_head}"
+    )
+
+
+def _prompt_file_ids(tokenizer, args: argparse.Namespace) -> list[list[int]]:
+    prompts = load_prompts(args.eval_prompt_file, args.eval_prompts, args.eval_prompt_chars)
+    return encode_bench_prompts(tokenizer, prompts, "plain" if args.text else "auto")
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+
+def _chat_data(model, tokenizer, args: argparse.Namespace):
+    """Chat examples (the target's own replies with --regenerate) and the evaluation prompts:
+    the first user turns of held-out conversations, or --eval-prompt-file."""
+    conversations = [c for path in args.data for c in load_conversations(path)]
+    held = 0 if args.eval_prompt_file else args.eval_prompts
+    train_convs, held_out = split_held_out(conversations, held, args.seed)
+    if args.regenerate:
+        train_convs = _regenerated(model, tokenizer, train_convs, args)
+    examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
+    if args.eval_prompt_file and args.eval_prompts:
+        return examples, _prompt_file_ids(tokenizer, args)
+    return examples, [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
+
+
+def _text_data(model, tokenizer, args: argparse.Namespace):
+    """Plain-text examples without the held-out share (the target's continuations with
+    --regenerate), and the evaluation prompts: the first --eval-prompts held-out passages
+    (also written to OUT/held_out.jsonl for the bench), or --eval-prompt-file."""
+    share = args.held_out_share
+    held_out = held_out_prompts(args.data, share, args.eval_prompt_chars)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    save_prompts(Path(args.out) / HELD_OUT_NAME, held_out)
+    if args.regenerate:
+        passages = [
+            d[0]["content"]
+            for path in args.data
+            for d in load_documents(path, args.regen_prompt_chars, share)
+        ]
+        examples = _continuations(model, tokenizer, passages, args)
+    else:
+        documents = [
+            d for path in args.data for d in load_documents(path, 4 * args.max_length, share)
+        ]
+        examples = tokenize_conversations(tokenizer, documents, args.max_length)
+    if args.eval_prompt_file:
+        return examples, _prompt_file_ids(tokenizer, args) if args.eval_prompts else []
+    return examples, encode_bench_prompts(tokenizer, held_out[: args.eval_prompts], "plain")
+
+
+def held_out_prompts(paths: list[str], share: float, chars: int) -> list[BenchPrompt]:
+    """The first passage of every held-out unit of the text files, the files interleaved (so
+    that the first N mix them), as bench prompts named ``<file stem>-<n>``."""
+    per_file = []
+    for path in paths:
+        stem = Path(path).stem
+        passages = [text_chunks(unit, chars)[:1] for unit in held_out_units(path, share)]
+        first = [p[0] for p in passages if p]
+        per_file.append([BenchPrompt(f"{stem}-{i}", stem, text) for i, text in enumerate(first)])
+    mixed = itertools.zip_longest(*per_file)
+    return [prompt for group in mixed for prompt in group if prompt is not None]
+
+
+def _continuations(model, tokenizer, passages: list[str], args: argparse.Namespace):
+    """The target's continuations of prompts cut from the training text, kept in --out:
+    an interrupted run continues them with --resume; a finished file is read back."""
+    options = ContinuationOptions(
+        max_new_tokens=args.regen_max_new_tokens,
+        sampled_share=args.regen_sampled_share,
+        temperature=args.regen_temperature,
+        batch_size=args.regen_batch_size,
+        max_prompts=args.regen_prompts,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    path = Path(args.out) / CONTINUATIONS_NAME
+    if path.is_file() and not args.resume:
+        path.unlink()  # a new run writes its own
+    prompts = cut_prompts(tokenizer, passages, options)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(prompts), desc="target continues the text", unit="seq") as bar:
+        done = continue_prompts(
+            model,
+            tokenizer,
+            prompts,
+            options,
+            path,
+            progress=lambda finished, total: bar.update(finished - bar.n),
         )
-    return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
-
-
-def _read_data(path: str, args: argparse.Namespace) -> list:
-    if args.text:
-        return load_documents(path, max_chars=4 * args.max_length)
-    return load_conversations(path)
+    special = getattr(tokenizer, "all_special_ids", [])
+    return [continuation.example(special) for continuation in done]
 
 
 def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
@@ -220,9 +446,12 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
 
 
 def load_target(source: TargetSource, dtype: str, device: torch.device):
-    """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code)."""
+    """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code). A
+    GGUF file is read from the conversion an earlier load kept (gguf_cache.py), when there is
+    one: the same weights, without dequantizing them again."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    source = gguf_cache.converted_source(source) or source
     path = source.directory
     if not Path(path).is_dir():
         raise ConfigError(
@@ -239,29 +468,3 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot load the target from {source.display}: {err}") from err
     return model.to(device).eval().requires_grad_(False), tokenizer
-
-
-def make_tau_evaluator(
-    model, tokenizer, prompts: Sequence[list[int]], config: GenerationConfig | None = None
-) -> Callable[[DraftHead], float]:
-    """evaluate(head) -> tau over all held-out prompts (round tokens / rounds, pooled), greedy,
-    through the same engine the app uses. The tree is fixed (auto-tuning off): tau then
-    measures the head, not the machine's timings, and is reproducible."""
-    config = config or GenerationConfig()
-    config = replace(config, tree=replace(config.tree, auto=False))
-    eos_ids = eos_token_ids(model, tokenizer)
-    num_layers = len(decoder_of(model).layers)
-
-    def evaluate(head: DraftHead) -> float:
-        tokens = rounds = 0
-        for prompt in prompts:
-            drafter = EagleDrafter(head, num_layers)
-            runner = TargetRunner(model, drafter.feature_indices)
-            engine = Engine(runner, drafter, stops=StopSpec(eos_ids=frozenset(eos_ids)))
-            events = list(engine.generate(list(prompt), config))
-            summary = next(e for e in reversed(events) if isinstance(e, Finished)).summary
-            tokens += sum(summary.acceptance_lengths)
-            rounds += summary.rounds
-        return average_acceptance_length(tokens, rounds)
-
-    return evaluate
