@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="--text: share of the lines (.txt) or records (JSON) held out, chosen by content; "
-        f"their first passages are written to OUT/{HELD_OUT_NAME} for the bench",
+        f"their passages are written to OUT/{HELD_OUT_NAME} for the bench",
     )
     parser.add_argument("--kind", choices=[k.value for k in HeadKind])
     parser.add_argument("--out", help="output directory of the head")
@@ -354,11 +354,10 @@ def _chat_data(model, tokenizer, args: argparse.Namespace):
 def _text_data(model, tokenizer, args: argparse.Namespace):
     """Plain-text examples without the held-out share (the target's continuations with
     --regenerate), and the evaluation prompts: the first --eval-prompts held-out passages
-    (also written to OUT/held_out.jsonl for the bench), or --eval-prompt-file."""
+    (all of them written to OUT/held_out*.jsonl for the bench), or --eval-prompt-file."""
     share = args.held_out_share
     held_out = held_out_prompts(args.data, share, args.eval_prompt_chars)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    save_prompts(Path(args.out) / HELD_OUT_NAME, held_out)
+    _save_held_out(Path(args.out), held_out)
     if args.regenerate:
         passages = [
             d[0]["content"]
@@ -377,16 +376,31 @@ def _text_data(model, tokenizer, args: argparse.Namespace):
 
 
 def held_out_prompts(paths: list[str], share: float, chars: int) -> list[BenchPrompt]:
-    """The first passage of every held-out unit of the text files, the files interleaved (so
-    that the first N mix them), as bench prompts named ``<file stem>-<n>``."""
+    """The held-out units of the text files cut into passages of at most ``chars`` (as the
+    bench cuts a .txt), as bench prompts named ``<file stem>-<n>``. Interleaved, files first and
+    then units (every unit's first passage before any second one), so that the first N mix
+    them."""
     per_file = []
     for path in paths:
         stem = Path(path).stem
-        passages = [text_chunks(unit, chars)[:1] for unit in held_out_units(path, share)]
-        first = [p[0] for p in passages if p]
-        per_file.append([BenchPrompt(f"{stem}-{i}", stem, text) for i, text in enumerate(first)])
-    mixed = itertools.zip_longest(*per_file)
-    return [prompt for group in mixed for prompt in group if prompt is not None]
+        units = [text_chunks(unit, chars) for unit in held_out_units(path, share)]
+        passages = _interleaved(units)
+        per_file.append([BenchPrompt(f"{stem}-{i}", stem, text) for i, text in enumerate(passages)])
+    return _interleaved(per_file)
+
+
+def _interleaved(lists: list[list]) -> list:
+    return [item for group in itertools.zip_longest(*lists) for item in group if item is not None]
+
+
+def _save_held_out(out: Path, prompts: list[BenchPrompt]) -> None:
+    """OUT/held_out.jsonl (all files) and OUT/held_out-<file stem>.jsonl (one each), for the
+    bench's --prompts."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_prompts(out / HELD_OUT_NAME, prompts)
+    for category in dict.fromkeys(p.category for p in prompts):
+        one = [p for p in prompts if p.category == category]
+        save_prompts(out / HELD_OUT_NAME.replace(".jsonl", f"-{category}.jsonl"), one)
 
 
 def _continuations(model, tokenizer, passages: list[str], args: argparse.Namespace):

@@ -330,6 +330,9 @@ def _store_features(
     """Features in the cache's type; float16 saturates rather than overflowing to infinity."""
     values = values.float().cpu()
     if layout.feature_dtype == "float16":
+        beyond = int((values.abs() > FLOAT16_LIMIT).sum())
+        if beyond:
+            logger.warning("feature cache: %d feature values saturated at float16's range", beyond)
         array[rows] = values.clamp(-FLOAT16_LIMIT, FLOAT16_LIMIT).numpy().astype(np.float16)
     else:
         array[rows] = values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)

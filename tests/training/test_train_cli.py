@@ -81,6 +81,8 @@ def test_text_training_with_continuations_cache_and_curve_resumes(tmp_path, caps
     held_out = load_prompts(out / train_cli.HELD_OUT_NAME)
     assert {p.category for p in held_out} == {"wiki", "web"}
     assert held_out[0].category != held_out[1].category  # the files interleave
+    wiki = load_prompts(out / "held_out-wiki.jsonl")
+    assert wiki == [p for p in held_out if p.category == "wiki"]
     made = [
         json.loads(line) for line in (out / train_cli.CONTINUATIONS_NAME).read_text().splitlines()
     ]
