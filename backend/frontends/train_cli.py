@@ -23,7 +23,9 @@ import itertools
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -61,6 +63,7 @@ from models.training.trainer import TrainConfig, TrainResult, train_head
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
@@ -419,17 +422,11 @@ def _continuations(model, tokenizer, passages: list[str], args: argparse.Namespa
     if path.is_file() and not args.resume:
         path.unlink()  # a new run writes its own
     prompts = cut_prompts(tokenizer, passages, options)
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(prompts), desc="target continues the text", unit="seq") as bar:
-        done = continue_prompts(
-            model,
-            tokenizer,
-            prompts,
-            options,
-            path,
-            progress=lambda finished, total: bar.update(finished - bar.n),
-        )
+    done = _with_bar(
+        len(prompts),
+        "target continues the text",
+        lambda progress: continue_prompts(model, tokenizer, prompts, options, path, progress),
+    )
     special = getattr(tokenizer, "all_special_ids", [])
     return [continuation.example(special) for continuation in done]
 
@@ -440,23 +437,27 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
     if args.resume and cache.is_file():
         logger.info("reusing the regenerated replies in %s", cache)
         return load_conversations(cache)
-    from tqdm.auto import tqdm
-
     options = RegenerateOptions(
         args.regen_max_new_tokens, args.regen_temperature, args.max_length, args.seed
     )
-    with tqdm(total=len(conversations), desc="regenerate replies", unit="conv") as bar:
-        regenerated = regenerate_replies(
-            model,
-            tokenizer,
-            conversations,
-            options,
-            progress=lambda done, total: bar.update(done - bar.n),
-        )
+    regenerated = _with_bar(
+        len(conversations),
+        "regenerate replies",
+        lambda progress: regenerate_replies(model, tokenizer, conversations, options, progress),
+    )
     cache.parent.mkdir(parents=True, exist_ok=True)
     lines = (json.dumps({"messages": c}, ensure_ascii=False) for c in regenerated)
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return regenerated
+
+
+def _with_bar(total: int, what: str, work: Callable[[Callable[[int, int], None]], T]) -> T:
+    """``work(progress)`` under a progress bar (with its ETA) that ``progress(done, total)``
+    moves."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=what, unit="seq") as bar:
+        return work(lambda done, _total: bar.update(done - bar.n))
 
 
 def load_target(source: TargetSource, dtype: str, device: torch.device):
