@@ -12,8 +12,8 @@ Loads the target (frozen) and its tokenizer from a local directory or GGUF file,
 (chat: assistant-only loss; ``--text``: plain text for base models, a held-out share of it set
 aside and written as bench prompts), optionally has the target write the replies or
 continuations itself, trains (models/training/trainer.py) and measures held-out tau through the
-real engine on the bench's settings (train_eval.py). Known failures print ``error:``/``hint:``
-and exit with 2.
+real engine on the bench's settings (train_eval.py). The flags are in train_flags.py. Known
+failures print ``error:``/``hint:`` and exit with 2.
 """
 
 from __future__ import annotations
@@ -32,20 +32,17 @@ import torch
 from backend.bench.prompts import BenchPrompt, load_prompts, save_prompts
 from backend.engine.device import choose_device
 from backend.errors import CheckpointError, ConfigError, EagleChatError
-from backend.frontends.flags import add_flags
 from backend.frontends.train_eval import (
-    BENCH_MAX_NEW_TOKENS,
-    BENCH_TREE,
     encode_bench_prompts,
     eval_generation,
     make_tau_evaluator,
 )
+from backend.frontends.train_flags import HELD_OUT_NAME, add_arguments
 from backend.services import gguf_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import TargetSource, local_source
 from models.chat_format import encode_prompt, text_chunks
 from models.checkpoints import check_safetensors_folder, load_head
-from models.heads.config import HeadKind
 from models.training.checkpointing import checkpoint_dirs
 from models.training.continuations import ContinuationOptions, continue_prompts, cut_prompts
 from models.training.data import (
@@ -61,6 +58,8 @@ from models.training.data import (
 )
 from models.training.trainer import TrainConfig, TrainResult, train_head
 
+__all__ = ["add_arguments", "run"]  # launch.py's interface (the flags: train_flags.py)
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -68,143 +67,7 @@ EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
 CONTINUATIONS_NAME = "continuations.jsonl"  # in --out: the target's continuations (--text)
-HELD_OUT_NAME = "held_out.jsonl"  # in --out: the held-out text as bench prompts
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target", required=True, help="local directory of the target model, or its .gguf file"
-    )
-    add_flags(parser, "gguf-file")
-    parser.add_argument(
-        "--data", nargs="+", help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)"
-    )
-    parser.add_argument(
-        "--text",
-        action="store_true",
-        help="the data is plain text to continue (base models): every token is trained, "
-        "a held-out share of it is never trained on and gives the evaluation prompts",
-    )
-    parser.add_argument(
-        "--held-out-share",
-        type=float,
-        default=0.05,
-        help="--text: share of the lines (.txt) or records (JSON) held out, chosen by content; "
-        f"their passages are written to OUT/{HELD_OUT_NAME} for the bench",
-    )
-    parser.add_argument("--kind", choices=[k.value for k in HeadKind])
-    parser.add_argument("--out", help="output directory of the head")
-    parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-length", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--warmup-steps", type=int, default=None)
-    _add_regeneration_arguments(parser)
-    _add_head_arguments(parser)
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    _add_evaluation_arguments(parser)
-    add_flags(parser, "dtype")
-    parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def _add_regeneration_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--regenerate",
-        action="store_true",
-        help="train on what the target writes itself: its replies (chat data, recommended), "
-        "or with --text its continuations of prompts cut from the text",
-    )
-    parser.add_argument("--regen-max-new-tokens", type=int, default=256)
-    parser.add_argument(
-        "--regen-temperature",
-        type=float,
-        default=0.0,
-        help="0 = greedy; with --text the temperature of the sampled share",
-    )
-    parser.add_argument(
-        "--regen-sampled-share",
-        type=float,
-        default=0.0,
-        help="--text: share of the prompts continued by sampling, the rest greedily",
-    )
-    parser.add_argument(
-        "--regen-prompts", type=int, default=0, help="--text: at most this many prompts (0 = all)"
-    )
-    parser.add_argument(
-        "--regen-prompt-chars",
-        type=int,
-        default=600,
-        help="--text: the text is cut into prompts of this many characters",
-    )
-    parser.add_argument("--regen-batch-size", type=int, default=16, help="--text: per generate")
-
-
-def _add_head_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--draft-vocab-size",
-        type=int,
-        default=None,
-        help="EAGLE-3 reduced draft vocabulary (e.g. 32000)",
-    )
-    parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time test")
-    parser.add_argument(
-        "--draft-readout-only",
-        action="store_true",
-        help="EAGLE-3: compute the target's logits on the draft vocabulary only "
-        "(much faster for large vocabularies)",
-    )
-    parser.add_argument(
-        "--cache-features",
-        metavar="DIR",
-        help="keep the target's features and targets in DIR (float16 shards on disk): the "
-        "target runs once per token, later epochs and --resume read them",
-    )
-    parser.add_argument(
-        "--cache-top-k",
-        type=int,
-        default=64,
-        help="the target's most likely draft tokens kept per position in the cache",
-    )
-
-
-def _add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=0,
-        help="steps between held-out tau measurements, kept as OUT/eval_curve.json and .png "
-        "(0 = at the end only)",
-    )
-    parser.add_argument(
-        "--eval-prompts", type=int, default=8, help="held-out prompts for tau (0 = none)"
-    )
-    parser.add_argument(
-        "--eval-prompt-file",
-        help="measure tau on this bench prompt file (FastChat JSONL, or .txt cut into "
-        "passages) instead of the held-out data, as launch.py bench --prompts FILE "
-        "--limit N reads it",
-    )
-    parser.add_argument(
-        "--eval-prompt-chars",
-        type=int,
-        default=600,
-        help="passage length of held-out and .txt prompts (the bench's --prompt-chars)",
-    )
-    parser.add_argument("--eval-max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS)
-    parser.add_argument(
-        "--eval-tree",
-        default=BENCH_TREE,
-        metavar="N/D/K",
-        help="the fixed tree of the evaluation, as the bench's --total-tokens/--depth/--top-k",
-    )
-    parser.add_argument(
-        "--eval-head",
-        metavar="DIR",
-        help="only measure this head's tau with the evaluation settings (no training)",
-    )
+CONTINUED_IDS_NAME = "held_out_continued.jsonl"  # in --out: the target's continuations of them
 
 
 def run(args: argparse.Namespace) -> int:
@@ -361,6 +224,8 @@ def _text_data(model, tokenizer, args: argparse.Namespace):
     share = args.held_out_share
     held_out = held_out_prompts(args.data, share, args.eval_prompt_chars)
     _save_held_out(Path(args.out), held_out)
+    if args.held_out_continued:
+        _continue_held_out(model, tokenizer, held_out[: args.held_out_continued], args)
     if args.regenerate:
         passages = [
             d[0]["content"]
@@ -418,17 +283,47 @@ def _continuations(model, tokenizer, passages: list[str], args: argparse.Namespa
         max_length=args.max_length,
         seed=args.seed,
     )
-    path = Path(args.out) / CONTINUATIONS_NAME
-    if path.is_file() and not args.resume:
-        path.unlink()  # a new run writes its own
-    prompts = cut_prompts(tokenizer, passages, options)
-    done = _with_bar(
-        len(prompts),
-        "target continues the text",
-        lambda progress: continue_prompts(model, tokenizer, prompts, options, path, progress),
-    )
+    done = _continued(model, tokenizer, passages, options, args, CONTINUATIONS_NAME)
     special = getattr(tokenizer, "all_special_ids", [])
     return [continuation.example(special) for continuation in done]
+
+
+def _continue_held_out(model, tokenizer, held_out: list[BenchPrompt], args) -> None:
+    """OUT/held_out-continued.jsonl: held-out passages each followed by the target's greedy
+    continuation, as bench prompts: text the model wrote itself after a prompt it never
+    trained on (the bench then measures the head deep inside the model's own writing)."""
+    options = ContinuationOptions(
+        max_new_tokens=args.regen_max_new_tokens,
+        sampled_share=0.0,
+        batch_size=args.regen_batch_size,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    passages = [p.text for p in held_out]
+    done = _continued(model, tokenizer, passages, options, args, CONTINUED_IDS_NAME)
+    prompts = [
+        BenchPrompt(
+            f"{p.question_id}-continued",
+            p.category,
+            tokenizer.decode(c.prompt_ids + c.new_ids, skip_special_tokens=True),
+        )
+        for p, c in zip(held_out, done)
+    ]
+    save_prompts(Path(args.out) / HELD_OUT_NAME.replace(".jsonl", "-continued.jsonl"), prompts)
+
+
+def _continued(model, tokenizer, passages, options: ContinuationOptions, args, name: str):
+    """The target's continuations of ``passages``, kept in OUT/``name``: read back (and an
+    unfinished file completed) with --resume, written anew without it."""
+    path = Path(args.out) / name
+    if path.is_file() and not args.resume:
+        path.unlink()
+    prompts = cut_prompts(tokenizer, passages, options)
+    return _with_bar(
+        len(prompts),
+        f"target continues {name}",
+        lambda progress: continue_prompts(model, tokenizer, prompts, options, path, progress),
+    )
 
 
 def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):

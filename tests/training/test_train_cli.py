@@ -70,7 +70,7 @@ def test_text_training_with_continuations_cache_and_curve_resumes(tmp_path, caps
         + ["--out", str(out), "--epochs", "2", "--batch-size", "2", "--max-length", "48"]
         + ["--regenerate", "--regen-max-new-tokens", "6", "--regen-prompts", "8"]
         + ["--regen-sampled-share", "0.5", "--regen-temperature", "1.0"]
-        + ["--regen-prompt-chars", "40", "--held-out-share", "0.3"]
+        + ["--regen-prompt-chars", "40", "--held-out-share", "0.3", "--held-out-continued", "2"]
         + ["--cache-features", str(tmp_path / "cache"), "--draft-vocab-size", "64"]
         + ["--ttt-steps", "2", "--eval-every", "2", "--eval-prompts", "2"]
         + ["--eval-max-new-tokens", "6", "--eval-tree", "8/3/2", "--checkpoint-every", "2"]
@@ -83,6 +83,11 @@ def test_text_training_with_continuations_cache_and_curve_resumes(tmp_path, caps
     assert held_out[0].category != held_out[1].category  # the files interleave
     wiki = load_prompts(out / "held_out-wiki.jsonl")
     assert wiki == [p for p in held_out if p.category == "wiki"]
+    continued = load_prompts(out / "held_out-continued.jsonl")  # passage + the target's own
+    assert [p.text[: len(h.text)] for p, h in zip(continued, held_out)] == [
+        h.text for h in held_out[:2]
+    ]
+    assert all(len(p.text) > len(h.text) for p, h in zip(continued, held_out))
     made = [
         json.loads(line) for line in (out / train_cli.CONTINUATIONS_NAME).read_text().splitlines()
     ]
