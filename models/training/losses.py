@@ -54,6 +54,11 @@ class DraftTargets:
         """[B, P] bool: the head's top column is the target's best token."""
         return (logits.argmax(-1) == self.argmax) & self.in_vocab
 
+    def rows(self, mask: torch.Tensor) -> DraftTargets:
+        """The positions where ``mask`` [B, P] holds, as rows [M, ...]."""
+        columns = self.columns[mask] if self.columns is not None else None
+        return DraftTargets(self.probs[mask], columns, self.argmax[mask], self.in_vocab[mask])
+
     def top(self, k: int) -> DraftTargets:
         """The ``k`` most likely columns per position, renormalised (from dense targets)."""
         values, columns = self.probs.topk(min(k, self.probs.shape[-1]), dim=-1)
@@ -163,11 +168,6 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _accuracy(agree: torch.Tensor, mask: torch.Tensor) -> float:
-    count = int(mask.sum())
-    return float((agree & mask).sum()) / count if count else 0.0
-
-
 def eagle1_loss(
     head: DraftHead,
     batch: TargetBatch,
@@ -193,13 +193,24 @@ def eagle1_loss(
     dtype = head.dtype_device()[0]
     out = head(hidden_in.to(dtype), tokens_in, positions, None, None)  # [B, P, H]
     value = F.smooth_l1_loss(out.float(), features[:, 1:], reduction="none").mean(-1)
-    targets = batch.targets.shifted()  # [B, P, V] or its top entries
-    logits = head.logits(out)
-    prob = targets.cross_entropy(logits)
-    loss = EAGLE1_VALUE_WEIGHT * _masked_mean(value, mask) + EAGLE1_PROB_WEIGHT * _masked_mean(
-        prob, mask
-    )
-    return LossOutput(loss, [_accuracy(targets.agrees(logits), mask)], int(mask.sum()))
+    prob, accuracy = readout_loss(head, out, batch.targets.shifted(), mask)
+    loss = EAGLE1_VALUE_WEIGHT * _masked_mean(value, mask) + EAGLE1_PROB_WEIGHT * prob
+    return LossOutput(loss, [accuracy], int(mask.sum()))
+
+
+def readout_loss(
+    head: DraftHead, out: torch.Tensor, targets: DraftTargets, mask: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """Soft cross-entropy of the head's logits against ``targets``, averaged over the positions
+    of ``mask`` [B, P] whose target's best token is one of the head's columns, and the top-1
+    agreement over all of ``mask``. The readout runs on those positions only: padding and
+    positions without loss (a large vocabulary makes the readout most of a step) cost nothing."""
+    rows = targets.rows(mask)
+    logits = head.logits(out[mask])  # [M, C]
+    weight = rows.in_vocab.to(torch.float32)
+    loss = (rows.cross_entropy(logits) * weight).sum() / weight.sum().clamp(min=1.0)
+    count = rows.argmax.numel()
+    return loss, float(rows.agrees(logits).sum()) / count if count else 0.0
 
 
 class _StepKeys:
@@ -262,13 +273,11 @@ def eagle3_loss(head: DraftHead, batch: TargetBatch, ttt_steps: int = 7) -> Loss
     total = torch.zeros((), device=device)
     accuracies: list[float] = []
     for step, out in enumerate(outputs):
-        logits = head.logits(out)  # [B, P, Vd]
         root_mask = torch.zeros_like(base_mask)
         root_mask[:, step:] = base_mask[:, : count - step]  # token p-j+1 is an assistant token
-        mask = base_mask & root_mask
-        step_loss = _masked_mean(targets.cross_entropy(logits), mask & targets.in_vocab)
+        step_loss, accuracy = readout_loss(head, out, targets, base_mask & root_mask)
         total = total + EAGLE3_STEP_DECAY**step * step_loss
-        accuracies.append(_accuracy(targets.agrees(logits), mask))
+        accuracies.append(accuracy)
     return LossOutput(total, accuracies, int(base_mask.sum()))
 
 
