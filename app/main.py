@@ -1,6 +1,7 @@
 """``python launch.py app``: the EagleChat web app (chat, EAGLE-vs-vanilla race, model manager).
 
     python launch.py app                       # the bundled demo pair on http://127.0.0.1:7860
+    python launch.py app --pair gemma3-270m    # a catalog pair
     python launch.py app --target Qwen/Qwen3-1.7B --head AngelSlim/Qwen3-1.7B_eagle3 --quantize 4bit
     python launch.py app --host 0.0.0.0 --auth me:secret   # reachable from the network
 
@@ -112,8 +113,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="public gradio.live link (off by default; needs --auth)",
     )
     parser.add_argument("--auth", metavar="USER:PASS", help="require this login")
+    parser.add_argument(
+        "--pair", help="catalog pair to load at start (default: demo) instead of --target/--head"
+    )
     parser.add_argument("--target", help="target to load at start (default: the demo pair)")
-    parser.add_argument("--head", help="EAGLE head to load with --target")
+    parser.add_argument("--head", help="EAGLE head to load with --target (or --pair's own)")
     parser.add_argument(
         "--quantize",
         choices=["none", "8bit", "4bit"],
@@ -167,10 +171,14 @@ def check_exposure(host: str, share: bool, auth: tuple[str, str] | None) -> None
 def startup_pair(
     backend: Backend, args: argparse.Namespace
 ) -> tuple[LoadConfig | None, str | None, str]:
-    """The pair to load at start: --target/--head, else the demo pair when its files exist.
+    """The pair to load at start: --target/--head, a catalog --pair, else the demo pair when
+    its files exist.
 
     Returns (config, catalog name, notice); the notice explains a missing demo."""
+    pair_name = args.pair
     if args.target:
+        if pair_name:
+            raise ConfigError("give --pair or --target, not both")
         config = LoadConfig(
             target=args.target,
             head=args.head,
@@ -178,19 +186,22 @@ def startup_pair(
             quantization=args.quantize,
         )
         return config, None, ""
-    demo = next((pair for pair in backend.catalog() if pair.name == DEMO_PAIR), None)
-    if demo is None:
-        return None, None, ""
+    if pair_name:
+        pair = backend.find_pair(pair_name)
+    else:
+        pair = next((pair for pair in backend.catalog() if pair.name == DEMO_PAIR), None)
+        if pair is None:
+            return None, None, ""
     config = LoadConfig(
-        target=demo.target,
-        head=demo.head,
-        dtype=args.dtype or backend.default_dtype(demo.dtype),
+        target=pair.target,
+        head=args.head or pair.head,
+        dtype=args.dtype or backend.default_dtype(pair.dtype),
         quantization=args.quantize,
     )
-    if not (Path(demo.target).is_dir() and Path(demo.head).is_dir()):
-        logger.warning("demo pair not built (%s, %s)", demo.target, demo.head)
+    if pair.name == DEMO_PAIR and not (Path(pair.target).is_dir() and Path(pair.head).is_dir()):
+        logger.warning("demo pair not built (%s, %s)", pair.target, pair.head)
         return config, DEMO_PAIR, DEMO_MISSING
-    return config, DEMO_PAIR, ""
+    return config, pair.name, ""
 
 
 def load_at_start(backend: Backend, config: LoadConfig) -> str:
@@ -222,10 +233,10 @@ def prepare(args: argparse.Namespace) -> tuple[Backend, LoadConfig | None, str |
 
 
 def connect_at_start(backend: Backend, args: argparse.Namespace) -> tuple[LoadConfig, str, str]:
-    """Remote mode: load --target/--head here only when given (the race's local vanilla
-    lane), then connect; a failure becomes the manager's notice, the app still starts."""
+    """Remote mode: load --target/--head or --pair here only when given (the race's local
+    vanilla lane), then connect; a failure becomes the manager's notice, the app still starts."""
     notice = ""
-    if args.target:
+    if args.target or args.pair:
         local, _, _ = startup_pair(backend, args)
         notice = load_at_start(backend, local) if local is not None else ""
     for event in backend.connect_remote(args.remote, getattr(args, "remote_baseline", None)):

@@ -34,10 +34,13 @@ from backend.events import (
     format_bytes,
 )
 
-DRAFT_LABEL = "accepted draft"
+HEAD_LABEL = "head draft"
+CONTEXT_LABEL = "context draft"
 TARGET_LABEL = "target"
-# Green for tokens the head guessed right, a quiet blue-grey for the target's own tokens.
-SPAN_COLORS = {DRAFT_LABEL: "#34d399", TARGET_LABEL: "#cbd5e1"}
+SOURCE_LABELS = {"head": HEAD_LABEL, "context": CONTEXT_LABEL, "target": TARGET_LABEL}
+# Green for tokens the head guessed right, amber for tokens copied from the context, a quiet
+# blue-grey for the target's own tokens.
+SPAN_COLORS = {HEAD_LABEL: "#34d399", CONTEXT_LABEL: "#fbbf24", TARGET_LABEL: "#cbd5e1"}
 LANE_COLORS = {"vanilla": "#94a3b8", "EAGLE": "#10b981"}
 
 STOP_REASONS = {
@@ -65,7 +68,7 @@ def highlight_spans(spans: Iterable[TextSpan]) -> list[Highlight]:
     for span in spans:
         if not span.text:
             continue
-        label = DRAFT_LABEL if span.source == "draft" else TARGET_LABEL
+        label = SOURCE_LABELS[span.source]
         if merged and merged[-1][1] == label:
             merged[-1] = (merged[-1][0] + span.text, label)
         else:
@@ -82,6 +85,7 @@ class LiveStats:
     verify_tokens: int = 0  # tokens produced by verification rounds (the prefill token excluded)
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens gained per round
     accepted_drafts: int = 0
+    accepted_context: int = 0  # of those, copied from the context
     ttft_s: float | None = None
     # when the first verification round began: after the prefill and, for EAGLE, after the
     # head's pass over the prompt, which is prompt work, not decoding (the bench leaves it out)
@@ -115,6 +119,7 @@ class LiveStats:
                     self.decode_start_s = event.elapsed_s - parts
                 self.verify_tokens += len(event.token_ids)
                 self.accepted_drafts += event.num_accepted_drafts
+                self.accepted_context += event.num_accepted_context
                 self.acceptance_lengths.append(len(event.token_ids))
             self.progress.append((event.elapsed_s, self.new_tokens))
         elif isinstance(event, Finished):
@@ -212,6 +217,10 @@ def stats_markdown(
         ("tokens per target forward", _num(stats.tokens_per_forward)),
         ("new tokens / rounds", f"{stats.new_tokens} / {stats.rounds}"),
         ("reply written by accepted drafts", _share(stats.accepted_drafts, stats.new_tokens)),
+        (
+            "drafts accepted: head / context",
+            f"{stats.accepted_drafts - stats.accepted_context} / {stats.accepted_context}",
+        ),
     ]
     decode = stats.decode_tokens_per_s
     note = ""
@@ -439,9 +448,8 @@ def pair_info_markdown(info: PairInfo | None) -> str:
         ),
     }.get(info.prompt_format, f" · prompt format **{info.prompt_format}** (no chat template)")
     tuning = {
-        "resumed": " · auto tree resumes from what earlier runs of this pair learned",
-        "taught": " · auto tree taught at load by a few short replies, learning on from yours",
-        "new": " · auto tree learning this pair from scratch",
+        "resumed": " · auto tuning resumes from what earlier runs of this pair learned",
+        "new": " · auto tuning learns this pair from scratch",
     }.get(info.tree_tuning, "")
     return (
         f"**Loaded:** `{info.target}` + {head} · {info.architecture}, "

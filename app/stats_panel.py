@@ -58,9 +58,13 @@ class StatsPanel:
         return [self.tokens, self.numbers, self.plot, self.plot_empty]
 
 
+MIN_PLOT_ROUNDS = 10  # rounds the x axis spans at least: a shorter span gets ticks at halves
+
+
 def plot_values(frame: pd.DataFrame, has_data: bool) -> tuple[Any, Any]:
     """(plot, empty-state line) updates: the plot shows only once it has data to draw."""
-    return gr.update(value=frame, visible=has_data), gr.update(visible=not has_data)
+    rounds = [1, max(MIN_PLOT_ROUNDS, len(frame))]
+    return gr.update(value=frame, visible=has_data, x_lim=rounds), gr.update(visible=not has_data)
 
 
 def build_stats_panel() -> StatsPanel:
@@ -80,7 +84,9 @@ def build_stats_panel() -> StatsPanel:
         acceptance_frame(LiveStats()),
         x="round",
         y="acceptance length",
-        title="Acceptance length per round (tokens gained: accepted drafts + 1)",
+        title="Tokens gained per round",
+        caption="acceptance length: accepted drafts + 1",
+        x_lim=[1, MIN_PLOT_ROUNDS],
         height=220,
         label="Acceptance plot",
         elem_id="accept-plot",

@@ -50,7 +50,7 @@ from backend.events import (
 )
 from backend.services import hub_mode, planning, tuning_cache
 from backend.services import race as racing
-from backend.services.catalog import PairSpec, load_catalog
+from backend.services.catalog import PairSpec, find_pair, load_catalog
 from backend.services.dtypes import choose_dtype
 from backend.services.generation_queue import GenerationQueue
 from backend.services.loading import LoadedPair, load_steps, prepare
@@ -77,6 +77,10 @@ class Backend:
     # ---- models ------------------------------------------------------------------------------
     def catalog(self) -> list[PairSpec]:
         return load_catalog(self._catalog_path)
+
+    def find_pair(self, name: str) -> PairSpec:
+        """The catalog pair called ``name``; a ConfigError names the known ones otherwise."""
+        return find_pair(name, self._catalog_path)
 
     def plan(
         self,
@@ -157,17 +161,17 @@ class Backend:
             self._free()
 
     def reset_tuning(self) -> None:
-        """Forget what the tree auto-tuner learned of the loaded pair, here and on disk: the next
-        reply starts from the prior, as on a first launch (for a tuner stuck on a shape after an
-        unusual run). Waits for the running job; raises EagleChatError without a local pair with
-        a head, and OSError when the saved state cannot be deleted."""
+        """Forget what the round auto-tuner learned of the loaded pair, here and on disk: the
+        next reply starts from the prior, as on a first launch (for a tuner stuck on a shape after
+        an unusual run). Waits for the running job; raises EagleChatError without a local pair,
+        and OSError when the saved state cannot be deleted."""
         with self._queue.turn(_new_id()):  # the pair loaded once the running job is done
             pair = self._require_pair()
-            if pair.engine.drafter is None or pair.tuning_key is None:
+            if pair.tuning_key is None:
                 raise EagleChatError(
-                    "the loaded pair has no draft head, so there is no tree tuning to reset",
-                    hint="load a head with the target",
-                    code="no_head",
+                    "the loaded pair keeps no tuning state to reset",
+                    hint="load a pair on this machine first",
+                    code="no_tuning",
                 )
             pair.engine.policies.clear()  # the same dict is what is saved at exit
             tuning_cache.forget(pair.tuning_key)

@@ -13,6 +13,9 @@ from typing import Literal, get_args
 from backend.errors import ConfigError, InputError
 
 Mode = Literal["eagle", "vanilla"]
+# Where an auto-tuned round's drafts may come from: the draft head, the context (continuations
+# copied from the prompt and the reply so far), or both in one tree.
+DraftSources = Literal["head", "context", "both"]
 TreeShape = Literal["dynamic", "static"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "8bit", "4bit"]
@@ -99,11 +102,23 @@ class GenerationConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tree: TreeConfig = field(default_factory=lambda: TreeConfig(auto=True))
-    stop_on_eos: bool = True
+    stop_on_eos: bool = True  # False: the pair's own stops (EOS, turn markers) are off
+    # this request's stop strings, on top of the pair's: the reply ends right before the first
+    stop: tuple[str, ...] = ()
+    # draft sources of an auto-tuned round (a fixed tree drafts from the head alone); without a
+    # head only the context drafts
+    drafts: DraftSources = "both"
 
     def __post_init__(self) -> None:
         if self.mode not in ("eagle", "vanilla"):
             raise ConfigError(f"mode must be 'eagle' or 'vanilla', got {self.mode!r}")
+        if self.drafts not in get_args(DraftSources):
+            raise ConfigError(f"drafts must be head|context|both, got {self.drafts!r}")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InputError(
+                f"stop strings must be non-empty texts, got {self.stop!r}",
+                hint="leave out empty stop strings",
+            )
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InputError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"

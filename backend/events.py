@@ -6,7 +6,8 @@ serialise it directly with :func:`to_dict`.
 
 Definitions used everywhere (the engine's statistics, the API, the benchmark and the app):
 - *accepted drafts* of a round: drafted tokens the target agreed with; the bonus token the
-  target produced itself after them is not counted.
+  target produced itself after them is not counted. A draft comes from the head or from the
+  context (a continuation copied from earlier text); one both proposed counts as the head's.
 - *acceptance length* of a round: the tokens it gained, i.e. accepted drafts + 1 (the bonus
   token), fewer only in a round cut short by a stop (EOS, marker, stop string, budget).
 - *tau* (average acceptance length): tokens produced by verification rounds / number of rounds
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-TokenSource = Literal["draft", "target"]
+TokenSource = Literal["head", "context", "target"]  # who wrote a token: which drafts, or the target
 StopReason = Literal["eos", "max_new_tokens", "context_length", "stop_string", "cancelled"]
 
 
@@ -42,7 +43,8 @@ def acceptance_per_depth(lengths: Sequence[int]) -> tuple[float, ...]:
 
 @dataclass(frozen=True, slots=True)
 class TextSpan:
-    """A piece of reply text and who produced it: an accepted draft or the target itself."""
+    """A piece of reply text and who produced it: an accepted head or context draft, or the
+    target itself."""
 
     text: str
     source: TokenSource
@@ -73,6 +75,7 @@ class RoundCompleted:
     # False for a chunk streamed by a remote engine: its draft rounds happen on the server and
     # are counted from the engine's metrics (EngineMetrics), not per chunk.
     rounds_known: bool = True
+    num_accepted_context: int = 0  # of the accepted drafts, those copied from the context
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,9 @@ class GenerationSummary:
     tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape, most used first
     # EAGLE's head over the prompt, run after the first token is out: prompt work, in no round
     prompt_head_s: float = 0.0
+    accepted_head: int = 0  # accepted drafts the head proposed
+    accepted_context: int = 0  # accepted drafts copied from the context (and not the head's)
+    token_sources: tuple[TokenSource, ...] = ()  # who wrote each of token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +179,8 @@ class PairInfo:
     # "plain completion" (a base model: the text is continued as it is).
     prompt_format: str = "chat template"
     remote: str = ""  # URL of the remote engine serving the pair; "" when loaded here
-    # The tree auto-tuner's starting point: "resumed" (from what earlier runs of this pair
-    # learned), "taught" (by a few short replies at load), "new" (learning from this session's
-    # replies), "" (no head: nothing to tune).
+    # The round auto-tuner's starting point: "resumed" (from what earlier runs of this pair
+    # learned) or "new" (learning from this session's replies).
     tree_tuning: str = ""
     # The head's dtype when it is not the target's ("bfloat16": timed faster for drafting on this
     # CPU; replies are unchanged, the target verifies every draft), else "".

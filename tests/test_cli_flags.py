@@ -13,18 +13,19 @@ from backend.frontends.flags import FLAGS, add_flags
 
 # (command, flag) -> why that command's flag is its own
 OWN_MEANING = {
+    ("app", "--pair"): "the catalog pair loaded at start; default: the demo pair",
     ("app", "--target"): "the pair loaded at start; default: the demo pair",
-    ("app", "--head"): "the head loaded with the app's --target",
+    ("app", "--head"): "the head loaded with the app's --target, or instead of --pair's",
     ("app", "--dtype"): "unset means the catalog's dtype for the demo pair",
     ("serve", "--dtype"): "passed to vLLM/SGLang, which name more dtypes; default: the catalog's",
     ("serve", "--depth"): "vLLM's speculative tokens; default: the catalog pair's tree",
     ("serve", "--top-k"): "SGLang's branches; default: the catalog pair's tree",
     ("serve", "--total-tokens"): "SGLang's draft tokens; default: the catalog pair's tree",
     ("download", "--head"): "a Hub repo id to fetch, never a local path",
-    ("export-head", "--head"): "the head folder to rewrite (required)",
+    ("export-head", "--head"): "the head folder to rewrite; default: the --pair's head",
     ("export-head", "--target"): "a local folder, read for its embedding and layer count",
     ("export-head", "--dtype"): "a cast of the head's weights; no auto",
-    ("train-head", "--target"): "a local folder or .gguf file (required)",
+    ("train-head", "--target"): "a local folder or .gguf file, not a Hub id",
     ("train-head", "--seed"): "the training run's seed (data order, held-out split)",
     ("make-demo-target", "--seed"): "the demo target's training seed",
 }
@@ -95,12 +96,25 @@ def test_every_shared_flag_reads_as_declared_in_flags_py() -> None:
     )
 
 
+def test_every_command_that_takes_a_target_takes_a_pair() -> None:
+    takes = {
+        name: {flag for action in parser._actions for flag in action.option_strings}
+        for name, parser in commands().items()
+    }
+    with_target = {name for name, flags in takes.items() if "--target" in flags}
+    assert with_target >= {"app", "generate", "bench", "serve", "serve-api", "train-head"}
+    assert "export-head" in with_target
+    assert {name for name in with_target if "--pair" not in takes[name]} == set()
+
+
 def test_the_flags_most_commands_take_are_really_shared() -> None:
     users: dict[str, set[str]] = {}
     for command, flag, _ in shared_actions():
         if (command, flag) not in OWN_MEANING:
             users.setdefault(flag, set()).add(command)
-    assert {"generate", "serve-api", "bench", "serve"} <= users["--pair"]
+    assert {"generate", "serve-api", "bench", "serve", "train-head", "export-head"} <= users[
+        "--pair"
+    ]
     assert {"generate", "serve-api", "bench", "train-head"} <= users["--dtype"]
     assert {"generate", "bench"} <= users["--temperature"] & users["--depth"]
     assert {"generate", "serve-api", "train-head"} <= users["--gguf-file"]

@@ -89,6 +89,8 @@ def test_json_output_and_identity(saved_pair, head_name) -> None:
         (["--prompt", "hi", "--total-tokens", "500"], "tree total_tokens=500 exceeds what depth"),
         (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["--prompt", "hello " * 600], "the model's context is 512"),
+        (["--prompt", "hi", "--stop", ""], "stop strings must be non-empty"),
+        (["--prompt", "hi", "--pair", "demo"], "give --pair or --target, not both"),
     ],
 )
 def test_bad_input_is_a_clear_error(saved_pair, extra, message) -> None:
@@ -108,3 +110,21 @@ def test_mismatched_head_is_a_clear_error(saved_pair, tmp_path) -> None:
     )
     assert result.returncode == 2
     assert "vocabulary size: head 1000 vs target" in result.stderr
+
+
+def test_stop_strings_end_the_reply_right_before_the_first() -> None:
+    """``--stop`` (repeatable) on the demo pair: the reply is cut before the earliest one."""
+    common = ["generate", "--pair", "demo", "--prompt", "Hello! Who are you?", "--json"]
+    free = cli(*common)
+    assert free.returncode == 0, free.stderr
+    text = json.loads(free.stdout.strip().splitlines()[-1])["text"]
+    words = text.split()
+    assert len(words) >= 4, text
+    late, early = words[-2], words[1]
+    stopped = cli(*common, "--stop", late, "--stop", early)
+    assert stopped.returncode == 0, stopped.stderr
+    data = json.loads(stopped.stdout.strip().splitlines()[-1])
+    cut = min(text.find(late), text.find(early))
+    assert data["text"] == text[:cut]
+    assert data["stop_reason"] == "stop_string"
+    assert data["stopped_by"] in (late, early) and text[cut:].startswith(data["stopped_by"])

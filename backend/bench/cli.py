@@ -14,13 +14,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
+from backend.bench.cold_runs import run_cold
+from backend.bench.prompt_sets import SETS, build_set
 from backend.bench.prompts import load_prompts
 from backend.bench.report import label, write_reports
 from backend.bench.runner import METHODS, BenchSpec, run_bench
 from backend.bench.sweep import DEFAULT_FILLER, lengthen, run_sweep
 from backend.bench.synthetic import SHAPES, write_synthetic_pair
-from backend.config import LoadConfig, TreeConfig
+from backend.config import DraftSources, LoadConfig, TreeConfig
 from backend.engine.device import choose_device
 from backend.errors import ConfigError
 from backend.frontends.flags import add_flags
@@ -41,7 +44,8 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sweep-text",
         default=str(DEFAULT_FILLER),
-        help="text whose opening lengthens the prompts of a sweep (default: README.md)",
+        help="text whose opening lengthens the prompts of a sweep (default: a public-domain "
+        "book in ../shared/data)",
     )
 
 
@@ -61,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompts",
-        help="FastChat-format JSONL, or a .txt of plain text cut "
-        "into passages (default: the built-in set)",
+        help="FastChat-format JSONL, a .txt of plain text cut into passages, or a set whose "
+        f"replies repeat their context ({', '.join(SETS)}; built from ../shared) (default: the "
+        "built-in set)",
     )
     parser.add_argument(
         "--prompt-chars",
@@ -90,7 +95,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run EAGLE with these fixed trees, in the same interleaved run "
         "(N/D/K = total tokens/depth/top-k, or chainD), e.g. 8/4/2 12/5/3 16/5/10 chain6",
     )
+    parser.add_argument(
+        "--drafts",
+        nargs="+",
+        choices=list(get_args(DraftSources)),
+        default=["both"],
+        help="draft sources of EAGLE's automatic rounds: head, context (copied from the prompt "
+        "and the reply so far) or both; more than one adds a row per source (e.g. both head)",
+    )
+    parser.add_argument(
+        "--no-head",
+        action="store_true",
+        help="load the target without its head: EAGLE rounds draft from the context alone "
+        "(prompt-lookup mode)",
+    )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the peer baseline")
+    parser.add_argument(
+        "--cold-runs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run this bench N times, each in a new process with nothing saved from earlier "
+        "runs (no calibration, no tuner state), under --out/run-1..N, and print the median of "
+        "each ratio with every run's 90%% interval (the noise rule: docs/performance.md)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -122,24 +150,29 @@ def parse_tree(text: str) -> TreeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cold_runs:
+        return run_cold(args.cold_runs, sys.argv[1:], Path(args.out))
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="eaglechat-synthetic-") as scratch:
             target, head = write_synthetic_pair(
                 args.synthetic, Path(scratch), perfect=args.perfect_drafts
             )
             return _run(args, str(target), str(head))
+    if args.no_head and args.compare_trees:
+        raise ConfigError("fixed trees need a head", hint="leave out --no-head or --compare-trees")
     if args.pair:
         spec = find_pair(args.pair)
-        return _run(args, spec.target, spec.head, spec.dtype, spec.prompt_format)
-    if args.target and args.head:
-        return _run(args, args.target, args.head)
-    raise ConfigError("give --pair NAME, --target and --head, or --synthetic SHAPE")
+        head = None if args.no_head else spec.head
+        return _run(args, spec.target, head, spec.dtype, spec.prompt_format)
+    if args.target and (args.head or args.no_head):
+        return _run(args, args.target, None if args.no_head else args.head)
+    raise ConfigError("give --pair NAME, --target and --head (or --no-head), or --synthetic SHAPE")
 
 
 def _run(
     args: argparse.Namespace,
     target: str,
-    head: str,
+    head: str | None,
     pair_dtype: str = "auto",
     prompt_format: str = "auto",
 ) -> int:
@@ -148,7 +181,10 @@ def _run(
         if args.total_tokens
         else TreeConfig(auto=True)
     )
-    prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
+    if args.prompts in SETS:
+        prompts = build_set(args.prompts)[: args.limit]
+    else:
+        prompts = load_prompts(args.prompts, args.limit, args.prompt_chars)
     dtype = choose_dtype(args.dtype, choose_device(), preferred=pair_dtype)
     started = time.perf_counter()
     pair = load_pair(
@@ -172,6 +208,7 @@ def _run(
         repeats=args.repeats,
         seeds=args.seeds,
         compare_trees=tuple(parse_tree(text) for text in args.compare_trees),
+        drafts=tuple(args.drafts),
     )
 
     def progress(index: int, total: int, method: str) -> None:

@@ -1,7 +1,8 @@
 """Benchmark prompt sets in FastChat's question format: one JSON object a line with
-``turns`` (the first turn is used). The project's own set is assets/bench_prompts.jsonl;
-the papers' sets (MT-bench, HumanEval, GSM8K, Alpaca) read the same way. A ``.txt`` file gives
-passages of plain text (held-out text for base models, long contexts)."""
+``turns`` (the first turn is used). The project's own set is assets/bench_prompts.jsonl; the
+papers' sets (MT-bench, HumanEval, GSM8K, Alpaca) read the same way. A ``.txt`` file gives
+passages of plain text (held-out text for base models, long contexts). The sets whose replies
+repeat their context (multi-turn ones included) are built in prompt_sets.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class BenchPrompt:
     question_id: str
     category: str
     text: str
+    earlier: tuple[str, ...] = ()  # earlier user turns, played (and answered) before ``text``
 
 
 def load_prompts(

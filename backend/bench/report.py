@@ -44,6 +44,8 @@ class MethodSummary:
     draft_share: float | None  # fraction of round time spent drafting
     verify_share: float | None
     decode_speedup: float | None = None  # after the first token: prefill left out of both sides
+    accepted_head: int = 0  # accepted drafts the head proposed
+    accepted_context: int = 0  # accepted drafts copied from the context
 
 
 def _tau(runs: list[MethodRun]) -> float | None:
@@ -65,17 +67,24 @@ def _decode_tokens_per_s(runs: list[MethodRun]) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
+DRAFT_LABELS = {"head": "head drafts", "context": "context drafts", "both": "head + context"}
+
+
 def label(method: str) -> str:
-    """Display name of a method; ``eagle@SHAPE`` rows are EAGLE with that fixed tree."""
+    """Display name of a method; ``eagle@SHAPE`` rows are EAGLE with that fixed tree,
+    ``eagle:SOURCES`` rows auto EAGLE drafting from those sources."""
     if method.startswith("eagle@"):
         return f"EAGLE, fixed tree {method.removeprefix('eagle@')}"
+    if method.startswith("eagle:"):
+        return f"EAGLE, {DRAFT_LABELS[method.removeprefix('eagle:')]}"
     return LABELS[method]
 
 
 def _method_order(method: str) -> tuple[int, int]:
-    """Vanilla, EAGLE, EAGLE's fixed-tree rows, then the library's loops."""
-    base = method.split("@")[0]
-    return (METHODS.index(base), 1 if "@" in method else 0)
+    """Vanilla, EAGLE, its rows for other draft sources, its fixed-tree rows, then the
+    library's loops."""
+    base = method.split("@")[0].split(":")[0]
+    return (METHODS.index(base), 1 if ":" in method else 2 if "@" in method else 0)
 
 
 def best_fixed_tree(summaries: dict[str, MethodSummary]) -> MethodSummary | None:
@@ -86,20 +95,28 @@ def best_fixed_tree(summaries: dict[str, MethodSummary]) -> MethodSummary | None
 def share_of_best_fixed_interval(
     result: BenchResult, method: str = "eagle", draws: int = 2000, seed: int = 0
 ) -> tuple[float, float] | None:
-    """A 90% interval of ``method``'s tokens/s over the best fixed tree's, resampling the
-    prompts (with replacement) and choosing the best tree again in every draw: the spread a
-    different prompt sample would show, and the edge that picking the best of several noisy
-    rows after the fact gives them. None without fixed-tree rows or with one prompt."""
+    """A 90% interval of ``method``'s tokens/s over the best fixed tree's (see
+    ``ratio_interval``). None without fixed-tree rows or with one prompt."""
     fixed = sorted({m for p in result.prompts for m in p.runs if m.startswith("eagle@")})
-    rows = [p.runs for p in result.prompts if method in p.runs and all(m in p.runs for m in fixed)]
-    if not fixed or len(rows) < 2:
+    return ratio_interval(result, method, fixed, draws, seed)
+
+
+def ratio_interval(
+    result: BenchResult, method: str, against: list[str], draws: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A 90% interval of ``method``'s tokens/s over the fastest of ``against``, resampling the
+    prompts (with replacement) and choosing the fastest again in every draw: the spread a
+    different prompt sample would show, and the edge that picking the best of several noisy
+    rows after the fact gives them. None without rows to compare or with one prompt."""
+    rows = [p.runs for p in result.prompts if all(m in p.runs for m in (method, *against))]
+    if not against or len(rows) < 2:
         return None
     rng = random.Random(seed)
     shares = []
     for _ in range(draws):
         sample = [rows[rng.randrange(len(rows))] for _ in rows]
-        speed = {m: _speed(run[m] for run in sample) for m in (method, *fixed)}
-        best = max(speed[m] for m in fixed)
+        speed = {m: _speed(run[m] for run in sample) for m in (method, *against)}
+        best = max(speed[m] for m in against)
         if best > 0:
             shares.append(speed[method] / best)
     shares.sort()
@@ -152,6 +169,8 @@ def summarize(result: BenchResult) -> dict[str, MethodSummary]:
             if eagle_like and round_time > 0
             else None,
             decode_speedup=decode / base_decode if decode and base_decode else None,
+            accepted_head=sum(r.accepted_head for r in runs),
+            accepted_context=sum(r.accepted_context for r in runs),
         )
     return summaries
 
@@ -274,6 +293,13 @@ def _eagle_facts(
             f"of the best fixed tree in this run ({label(best.method)}, "
             f"{best.tokens_per_s:.1f} tok/s{spread})."
         )
+    sources = [
+        f"{label(m.method)} {m.accepted_head / m.tokens:.0%} head, "
+        f"{m.accepted_context / m.tokens:.0%} context"
+        for m in summaries.values()
+        if m.method.startswith("eagle") and m.tokens
+    ]
+    lines.append(f"New tokens written by accepted drafts, by source: {'; '.join(sources)}.")
     shapes = shape_shares(result)
     if shapes:
         lines.append(
@@ -303,18 +329,15 @@ def _run_facts(result: BenchResult) -> list[str]:
     if "calibration_s" in s:
         calibration = s["calibration_s"]
         facts.append(
-            f"tree calibration at load {calibration:.1f} s"
+            f"round-cost calibration at load {calibration:.1f} s"
             if calibration
-            else "tree calibration read from the on-disk cache"
+            else "round costs read from the on-disk cache"
         )
     if "tuning_restored" in s:
-        lesson = s.get("tuning_lesson_rounds", 0)
         facts.append(
-            "tree tuner started from what an earlier run learned"
+            "round tuner started from what an earlier run learned"
             if s["tuning_restored"]
-            else f"tree tuner taught at load ({lesson} rounds of short replies)"
-            if lesson
-            else "tree tuner started afresh"
+            else "round tuner started afresh"
         )
     if "load_s" in s:
         facts.append(f"load {s['load_s']:.1f} s")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from backend.bench.prompts import BenchPrompt
-from backend.config import GenerationConfig, SamplingConfig, TreeConfig
+from backend.config import DraftSources, GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.calibration import CostModel
 from backend.engine.device import hardware_name
 from backend.events import Finished, RoundCompleted
@@ -45,6 +45,8 @@ class MethodRun:
     peak_memory_bytes: int | None = None  # device memory peak during the run (CUDA only)
     tree_shapes: tuple[tuple[str, int], ...] = ()  # rounds per verified shape (EAGLE)
     prompt_head_s: float = 0.0  # EAGLE's head over the prompt: prompt work, after the first token
+    accepted_head: int = 0  # accepted drafts the head proposed
+    accepted_context: int = 0  # accepted drafts copied from the context
 
     @property
     def decode_s(self) -> float:
@@ -69,6 +71,21 @@ class BenchResult:
     costs: dict[str, Any]
     prompts: list[PromptResult]
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchResult:
+        """A result read back from its ``results.json``."""
+        prompts = [
+            PromptResult(
+                BenchPrompt(
+                    **{k: tuple(v) if k == "earlier" else v for k, v in p["prompt"].items()}
+                ),
+                p["seed"],
+                {m: _method_run(run) for m, run in p["runs"].items()},
+            )
+            for p in data["prompts"]
+        ]
+        return cls(data["settings"], data["costs"], prompts)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "settings": self.settings,
@@ -82,6 +99,13 @@ class BenchResult:
                 for p in self.prompts
             ],
         }
+
+
+def _method_run(data: dict[str, Any]) -> MethodRun:
+    tuples = ("token_ids", "acceptance_lengths", "tree_sizes")
+    fields = {k: tuple(v) if k in tuples else v for k, v in data.items()}
+    fields["tree_shapes"] = tuple(tuple(shape) for shape in data.get("tree_shapes", ()))
+    return MethodRun(**fields)
 
 
 def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> MethodRun:
@@ -105,6 +129,8 @@ def run_engine(pair: LoadedPair, ids: list[int], config: GenerationConfig) -> Me
         tree_sizes=tuple(sizes),
         tree_shapes=summary.tree_shapes if config.mode == "eagle" else (),
         prompt_head_s=summary.prompt_head_s,
+        accepted_head=summary.accepted_head,
+        accepted_context=summary.accepted_context,
     )
 
 
@@ -159,6 +185,11 @@ def tree_method(tree: TreeConfig) -> str:
     return f"eagle@{tree.label()}"
 
 
+def drafts_method(drafts: str) -> str:
+    """The method name of auto EAGLE drafting from other sources, e.g. ``eagle:head``."""
+    return f"eagle:{drafts}"
+
+
 @dataclass(frozen=True, slots=True)
 class BenchSpec:
     """What one bench run measures (the same for every method)."""
@@ -170,10 +201,14 @@ class BenchSpec:
     repeats: int = 1  # runs per prompt, method and seed; the median run counts
     seeds: int = 1  # at temperature > 0, the whole prompt set once per seed
     compare_trees: tuple[TreeConfig, ...] = ()  # more EAGLE rows, one per fixed tree
+    # draft sources of the automatic rounds: the first for "eagle", one more row per other
+    drafts: tuple[DraftSources, ...] = ("both",)
 
     def all_methods(self) -> tuple[str, ...]:
-        """The methods in run order: EAGLE's rows for ``compare_trees`` follow its own."""
-        extra = tuple(tree_method(tree) for tree in self.compare_trees)
+        """The methods in run order: EAGLE's rows for other draft sources and for
+        ``compare_trees`` follow its own."""
+        extra = tuple(drafts_method(d) for d in self.drafts[1:])
+        extra += tuple(tree_method(tree) for tree in self.compare_trees)
         if "eagle" not in self.methods:
             return self.methods + extra
         at = self.methods.index("eagle") + 1
@@ -184,6 +219,9 @@ class BenchSpec:
             if tree_method(tree) == method:
                 return tree
         return self.tree
+
+    def drafts_for(self, method: str) -> DraftSources:
+        return next((d for d in self.drafts if drafts_method(d) == method), self.drafts[0])
 
     def describe_tree(self) -> str:
         tree = self.tree
@@ -203,9 +241,7 @@ def run_bench(
     alone. With sampling the prompt set runs once per seed (seed s, prompt i: seed s*10007+i)."""
     costs: CostModel | None = pair.engine.tree_costs()
     encoded = [
-        prompt_ids(
-            pair.tokenizer, [{"role": "user", "content": p.text}], prompt_format=pair.prompt_format
-        )
+        prompt_ids(pair.tokenizer, _conversation(pair, p, spec), prompt_format=pair.prompt_format)
         for p in prompts
     ]
     first = _first_messages(pair, encoded[0], spec)  # before anything else has run
@@ -226,6 +262,7 @@ def run_bench(
                         sampling=sampling,
                         max_new_tokens=spec.max_new_tokens,
                         tree=spec.tree_for(method),
+                        drafts=spec.drafts_for(method),
                     )
                     runs[method].append(_measured(method, pair, ids, config))
             result.runs = {method: median_run(done) for method, done in runs.items()}
@@ -235,6 +272,7 @@ def run_bench(
         "temperature": spec.temperature,
         "max_new_tokens": spec.max_new_tokens,
         "tree": spec.describe_tree(),
+        "drafts": spec.drafts[0],
         "seeds": seeds,
         "num_prompts": len(prompts),
         "repeats": max(1, spec.repeats),
@@ -245,6 +283,20 @@ def run_bench(
         **first,
     }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
+
+
+def _conversation(pair: LoadedPair, prompt: BenchPrompt, spec: BenchSpec) -> list[dict]:
+    """The messages up to the prompt's last turn: earlier turns are answered here, once, by
+    greedy plain decoding (stopping as a chat does), so every method continues the same
+    conversation."""
+    messages: list[dict] = []
+    for turn in prompt.earlier:
+        messages.append({"role": "user", "content": turn})
+        ids = prompt_ids(pair.tokenizer, messages, prompt_format=pair.prompt_format)
+        config = GenerationConfig(mode="vanilla", max_new_tokens=spec.max_new_tokens)
+        finished = [e for e in pair.engine.generate(ids, config) if isinstance(e, Finished)]
+        messages.append({"role": "assistant", "content": finished[-1].summary.text})
+    return [*messages, {"role": "user", "content": prompt.text}]
 
 
 def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
@@ -259,7 +311,6 @@ def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
         "machine": machine_description(pair.engine.runner.device),
         "calibration_s": round(pair.calibration_s, 2),
         "tuning_restored": pair.tuning_restored,
-        "tuning_lesson_rounds": pair.tuning_lesson_rounds,
         "readout": pair.readout_forms,
         "decoder_forms": pair.decoder_forms,
         "round_threads": pair.round_threads.to_json(),
@@ -274,7 +325,11 @@ def _first_messages(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> dict[s
     if "eagle" not in spec.methods:
         return {}
     config = GenerationConfig(
-        mode="eagle", max_new_tokens=spec.max_new_tokens, tree=spec.tree, stop_on_eos=False
+        mode="eagle",
+        max_new_tokens=spec.max_new_tokens,
+        tree=spec.tree,
+        stop_on_eos=False,
+        drafts=spec.drafts[0],
     )
     speeds = []
     for _ in range(2):
@@ -291,7 +346,9 @@ def _warm_up(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> None:
     """Kernel set-up and first-call costs land here, in no method's timings."""
     run_engine(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))
     if "eagle" in spec.methods:
-        config = GenerationConfig(mode="eagle", max_new_tokens=8, tree=spec.tree)
+        config = GenerationConfig(
+            mode="eagle", max_new_tokens=8, tree=spec.tree, drafts=spec.drafts[0]
+        )
         run_engine(pair, ids, config)
     if "generate" in spec.methods:
         run_generate(pair, ids, GenerationConfig(mode="vanilla", max_new_tokens=8))

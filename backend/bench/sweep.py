@@ -12,12 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.bench.prompt_sets import shared_root
 from backend.bench.prompts import BenchPrompt
 from backend.bench.report import MethodSummary, label, summarize, write_reports
 from backend.bench.runner import BenchResult
 from backend.errors import InputError
 
-DEFAULT_FILLER = Path(__file__).resolve().parents[2] / "README.md"
+# a fixed public-domain book (L. F. Baum's The Wonderful Wizard of Oz) from the shared text
+DEFAULT_FILLER = shared_root() / "data" / "wizard-of-oz" / "tinystories.txt"
 
 
 @dataclass(frozen=True, slots=True)

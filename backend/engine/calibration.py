@@ -1,5 +1,6 @@
 """What drafting and verification cost on this device, timed once at load (and cached on disk by
-backend/services/calibration_cache.py): the tree auto-tuner's price list.
+backend/services/calibration_cache.py): the round auto-tuner's price list, which seeds its
+measured round times (autotune.py).
 
 Three kinds of timing, all on one prefilled prompt whose cache is cut back after every forward:
 - a target forward over N tokens, as a branching tree (tree mask) and as a chain (causal);
@@ -12,7 +13,6 @@ the repeats kept, so a burst of load elsewhere lifts no single size; a warm-up c
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +35,6 @@ THREADS_SHAPE = TreeConfig()  # the round timed per thread count: the default fi
 # A round at every thread this slow is bound by its arithmetic, not by handing ops to threads:
 # fewer threads are not timed.
 COMPUTE_BOUND_ROUND_S = 0.1
-# Cached costs whose plain step is this many times slower than one timed now were measured
-# while something else loaded the machine (an install, a build): their ratios are off too.
-BUSIER_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,42 +153,13 @@ def calibrate(
                 done += 1
                 yield done
     has_steps = drafter is not None
-    costs = CostModel(
+    return CostModel(
         verify_s=_non_decreasing(verify_s),
         chain_verify_s=_non_decreasing(chain_verify_s),
         draft_step_s=steps[2] if has_steps else 0.0,
         chain_step_s=steps[1] if has_steps else 0.0,
+        rounds_s=rounds if has_steps else {},
     )
-    if not has_steps:
-        return costs
-    return dataclasses.replace(costs, rounds_s=smoothed_rounds(rounds, shapes, costs))
-
-
-def smoothed_rounds(
-    rounds: dict[str, float], shapes: Sequence[TreeConfig], costs: CostModel
-) -> dict[str, float]:
-    """Each whole round's timing averaged with its family's line (chains apart from trees):
-    the round minus the verification of its tokens, fitted against depth by least squares.
-    Timed alone, a shape's round was off by several percent between calibrations of one
-    machine (a tree timed cheaper than a chain it contains), more than the gaps the tuner
-    decides on; the line rests on every shape of the family. Half of each stays the shape's
-    own timing, which keeps what a line misses (a kernel that changes at some size)."""
-    smooth = dict(rounds)
-    for chain in (True, False):
-        family = [t for t in shapes if (t.top_k == 1) == chain and t.label() in rounds]
-        depths = [float(t.depth) for t in family]
-        if len(set(depths)) < 2:
-            continue
-        extra = [rounds[t.label()] - costs.verify(t.total_tokens, chain) for t in family]
-        mean_depth, mean_extra = sum(depths) / len(depths), sum(extra) / len(extra)
-        spread = sum((d - mean_depth) ** 2 for d in depths)
-        slope = sum((d - mean_depth) * (e - mean_extra) for d, e in zip(depths, extra)) / spread
-        for tree, depth in zip(family, depths):
-            line = (
-                costs.verify(tree.total_tokens, chain) + mean_extra + slope * (depth - mean_depth)
-            )
-            smooth[tree.label()] = (rounds[tree.label()] + line) / 2
-    return smooth
 
 
 def measure_costs(
@@ -293,22 +261,6 @@ def _fewest_clearly_faster(best: dict[int, float]) -> int:
     most = max(best)
     fastest = min(best, key=lambda count: best[count])
     return fastest if best[fastest] * THREADS_GAIN < best[most] else most
-
-
-def plain_step_s(runner, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> float:
-    """The fastest of a few plain steps after a prompt of ``context`` tokens, timed the way
-    ``calibrate`` times them: a quick check of costs read from the cache."""
-    with torch.inference_mode():
-        _, cache, _ = _prefilled(runner, context, with_features=True)
-        return min(_time_verify(runner, cache, _chain(1)) for _ in range(repeats))
-
-
-def timed_busier(costs: CostModel, plain_now_s: float) -> bool:
-    """Whether ``costs`` were timed on a much busier machine than a plain step taking
-    ``plain_now_s`` now shows. Only that way round: a busy machine now is no reason to trust
-    a timing made now more than one made at rest."""
-    cached = min(costs.verify(1), costs.verify(1, chain=True))
-    return cached > BUSIER_FACTOR * plain_now_s
 
 
 def _prefilled(runner, context: int, with_features: bool):

@@ -4,9 +4,10 @@
     for event in engine.generate(prompt_ids, config):
         ...
 
-It owns the target runner, the drafter, the tokenizer, the stop rules and the tree auto-tuner's
-state (the measured device costs and one ``TreePolicy`` per greedy/sampled decoding), so every
-reply through it starts from what earlier replies taught the tuner.
+It owns the target runner, the drafter, the tokenizer, the stop rules and the round auto-tuner's
+state (the measured device costs and one ``TreePolicy`` per kind of decoding: greedy or sampled,
+and which draft sources), so every reply through it starts from what earlier replies taught the
+tuner.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.config import GenerationConfig
-from backend.engine.autotune import LADDER, TreePolicy
+from backend.config import DraftSources, GenerationConfig
+from backend.engine.autotune import HEAD_SHAPES, TreePolicy
 from backend.engine.calibration import CostModel, RoundThreads, measure_costs
 from backend.engine.drafter import Drafter
 from backend.engine.loop import Decoding, check_prompt, stop_check
 from backend.engine.stopping import ReplyText, StopSpec
 from backend.engine.target import TargetRunner
+from backend.errors import InputError
 from backend.events import GenerationEvent, Started
 
 
@@ -36,8 +38,9 @@ class Engine:
     drafter: Drafter | None = None
     tokenizer: Any = None  # None: no reply text, token ids only
     stops: StopSpec = field(default_factory=StopSpec)  # EOS ids, turn markers, stop strings
-    costs: CostModel | None = None  # device costs for tree auto-tuning, measured once
-    policies: dict[bool, TreePolicy] = field(default_factory=dict)  # per sampled/greedy
+    costs: CostModel | None = None  # device costs for round auto-tuning, measured once
+    # per (sampled, draft sources): acceptance differs between greedy and sampled decoding
+    policies: dict[tuple[bool, DraftSources], TreePolicy] = field(default_factory=dict)
     # CPU threads plain steps and drafted rounds run on, chosen at load (calibration.py)
     round_threads: RoundThreads = RoundThreads()
 
@@ -45,23 +48,30 @@ class Engine:
     def eos_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self.stops.eos_ids))
 
-    def tree_costs(self) -> CostModel | None:
-        """Costs the tree auto-tuner needs: measured at load (loading.py) or from the cache;
-        timed here, once, only for an engine built by hand. None without a drafter."""
-        if self.costs is None and self.drafter is not None:
+    def tree_costs(self) -> CostModel:
+        """Costs the round auto-tuner needs: measured at load (loading.py) or from the cache;
+        timed here, once, only for an engine built by hand."""
+        if self.costs is None:
+            shapes = HEAD_SHAPES if self.drafter is not None else ()
             self.costs = measure_costs(
-                self.runner, self.drafter, LADDER, threads=self.round_threads
+                self.runner, self.drafter, shapes, threads=self.round_threads
             )
         return self.costs
 
-    def tree_policy(self, sampled: bool = False) -> TreePolicy | None:
-        """One auto-tuning policy per engine (and per greedy/sampled decoding, whose acceptance
-        differs), so each reply starts from what earlier ones learned."""
-        if self.drafter is None:
-            return None
-        if sampled not in self.policies:
-            self.policies[sampled] = TreePolicy.for_decoding(self.tree_costs(), sampled)
-        return self.policies[sampled]
+    def tree_policy(
+        self, sampled: bool = False, drafts: DraftSources = "both"
+    ) -> TreePolicy | None:
+        """One auto-tuning policy per engine and kind of decoding, so each reply starts from
+        what earlier ones learned; None when there is nothing to draft from."""
+        key = (sampled, drafts)
+        if key not in self.policies:
+            policy = TreePolicy.for_decoding(
+                self.tree_costs(), sampled, self.drafter is not None, drafts
+            )
+            if len(policy.arms) == 1:  # the plain step alone
+                return None
+            self.policies[key] = policy
+        return self.policies[key]
 
     def tokens_only(self) -> Engine:
         """This engine (same runner, drafter, costs and tuning state) stopping at EOS ids only
@@ -77,7 +87,8 @@ class Engine:
         request_id: str | None = None,
     ) -> Iterator[GenerationEvent]:
         """Stream one generation. Raises InputError before the first event on bad input.
-        ``config.stop_on_eos=False`` turns every stop rule off (the budget still holds)."""
+        ``config.stop_on_eos=False`` turns the pair's stop rules off; the budget and the
+        request's own stop strings (``config.stop``) still hold."""
         check_prompt(prompt_ids, self.runner)
         decoding = self._decoding(len(prompt_ids), config, request_id or uuid.uuid4().hex[:12])
         yield Started(decoding.request_id, config.mode, len(prompt_ids))
@@ -91,11 +102,14 @@ class Engine:
         yield decoding.finish(self.costs)
 
     def _decoding(self, prompt_tokens: int, config: GenerationConfig, request_id: str) -> Decoding:
-        drafter = self.drafter if config.mode == "eagle" else None
+        speculative = config.mode == "eagle"
+        drafter = self.drafter if speculative else None
         policy = None
-        if drafter is not None and config.tree.auto:
-            policy = self.tree_policy(sampled=not config.sampling.greedy)
-        stops = self.stops if config.stop_on_eos else StopSpec()
+        if speculative and (config.tree.auto or drafter is None):  # no head: context drafts
+            policy = self.tree_policy(not config.sampling.greedy, config.drafts)
+        stops = (self.stops if config.stop_on_eos else StopSpec()).with_strings(config.stop)
+        if config.stop and self.tokenizer is None:
+            raise InputError("stop strings need the reply text, and this engine makes none")
         return Decoding(
             request_id=request_id,
             target=self.runner,

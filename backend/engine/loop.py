@@ -7,9 +7,10 @@ is given (a one-node tree), behind the same stream of events. ``Engine.generate`
     while decoding.stop_reason is None:
         decoding.round()                  # one round, as a RoundCompleted event
 
-Each round: 1 draft a tree, 2 verify it in one target forward, 3 accept a path, 4 stop
-exactly (EOS, turn markers, stop strings, budget), 5 compact the KV cache and feed the head,
-6 emit the round.
+Each round: 1 draft a tree (the head's, with continuations copied from the context merged in),
+2 verify it in one target forward, 3 accept a path, 4 stop exactly (EOS, turn markers, stop
+strings, budget), 5 compact the KV cache and feed the head and the context, 6 teach the tuner,
+7 emit the round.
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ import torch
 
 from backend.config import GenerationConfig, TreeConfig
 from backend.engine import kv
-from backend.engine.autotune import TreePolicy
+from backend.engine.autotune import Arm, TreePolicy
 from backend.engine.calibration import CostModel, RoundThreads
+from backend.engine.context_drafts import ContextIndex
 from backend.engine.device import cpu_threads, now
 from backend.engine.drafter import Drafter
+from backend.engine.replay import replay_heads
 from backend.engine.sampling import make_generator, next_token
 from backend.engine.stats import SpecStats, explain
 from backend.engine.stopping import ReplyText, StopCheck, StopSpec
 from backend.engine.target import TargetRunner
-from backend.engine.tree import DraftTree
+from backend.engine.tree import HEAD, DraftTree
 from backend.engine.verify import Acceptance, greedy_accept, sample_accept
 from backend.errors import InputError
-from backend.events import Finished, RoundCompleted, StopReason, TextSpan
+from backend.events import Finished, RoundCompleted, StopReason, TextSpan, TokenSource
 
 
 def check_prompt(prompt_ids: list[int], target: TargetRunner) -> None:
@@ -63,13 +66,13 @@ def stop_check(
 
 @dataclass
 class Decoding:
-    """One request's state: the target and (for EAGLE) the drafter and tree policy it uses, the
+    """One request's state: the target and (for EAGLE) the drafter and round policy it uses, the
     stop rules, the reply text, the statistics and the random generator."""
 
     request_id: str
     target: TargetRunner
-    drafter: Drafter | None  # None: plain decoding
-    policy: TreePolicy | None  # None: the config's fixed tree
+    drafter: Drafter | None  # the head's; None: no head drafts
+    policy: TreePolicy | None  # None: the config's fixed tree (or plain decoding) every round
     config: GenerationConfig
     stops: StopSpec  # empty when config.stop_on_eos is off
     stop: StopCheck
@@ -83,9 +86,10 @@ class Decoding:
     cache: Any = None
     root: int = 0  # the last accepted token, not yet in the cache
     start: float = 0.0
-    # True after plain steps: the next draft first runs the head over those tokens, a one-off
-    # cost that the calibrated round costs leave out
+    # True after rounds without head drafts: the next draft first runs the head over their
+    # tokens, a one-off cost that the calibrated round costs leave out
     head_behind: bool = True
+    context: ContextIndex | None = None  # the text so far, when the policy drafts from it
     _unread_prompt: tuple[torch.Tensor, torch.Tensor] | None = None  # for the head, after prefill
 
     def __post_init__(self) -> None:
@@ -100,12 +104,12 @@ class Decoding:
         with_features = self.drafter is not None
         step = self.target.prefill(prompt, self.cache, with_features=with_features)
         self.root = next_token(step.logits[-1], self.config.sampling, self.generator)
-        tokens, spans = self._take([self.root], 0)
+        if self.policy is not None and self.policy.context_request[0]:
+            self.context = ContextIndex(prompt_ids)
+        tokens, spans = self._take([self.root], ["target"])
         ttft_s = self.stats.ttft_s = now(self.target.device) - self.start
         if self.drafter is not None and self.stop_reason is None:
             self._unread_prompt = (prompt, step.features)
-        if self.policy is not None:
-            self.policy.begin_request()
         return RoundCompleted(
             request_id=self.request_id,
             round_index=0,
@@ -136,33 +140,36 @@ class Decoding:
         """One verification round, emitted as its event."""
         self.read_prompt()  # a driver that did not read it after the prefill: here, then
         t0 = now(self.target.device)
-        shape = self.config.tree if self.policy is None else self.policy.choose()
-        drafted = self.drafter is not None and shape is not None
-        with cpu_threads(self.round_threads.of(drafted)):
-            return self._round(t0, shape)
+        if self.policy is not None:
+            arm = self.policy.choose()
+        else:
+            arm = Arm(self.config.tree if self.drafter is not None else None)
+        with cpu_threads(self.round_threads.of(arm.drafts)):
+            return self._round(t0, arm)
 
-    def _round(self, t0: float, shape: TreeConfig | None) -> RoundCompleted:
+    def _round(self, t0: float, arm: Arm) -> RoundCompleted:
         device = self.target.device
-        tree = self._draft(shape)  # 1. a tree rooted at the last token
+        head_tree = self._draft(arm.head)  # 1. the head's tree rooted at the last token, and
+        candidates, start = self._context_candidates()  # the context's continuations after it
+        tree = head_tree
+        if arm.context and candidates:
+            tree = head_tree.with_chains([c[: arm.context] for c in candidates[: arm.chains]])
         t1 = now(device)
         committed = kv.cache_length(self.cache)  # 2. verify every node in one forward
         step = self.target.verify(tree, self.cache, with_features=self.drafter is not None)
         t2 = now(device)
         acceptance = self._accept(tree, step.logits)  # 3. the longest agreed path + bonus
         # 4. stop exactly at EOS, a turn marker, a stop string or the token budget
-        tokens, spans = self._take(acceptance.token_ids, acceptance.num_accepted_drafts)
-        if self.stop_reason is None:  # 5. keep the accepted KV; feed the head
+        sources = [_source(tree, node) for node in acceptance.accepted_nodes]
+        tokens, spans = self._take(acceptance.token_ids, [*sources, "target"])
+        if self.stop_reason is None:  # 5. keep the accepted KV; feed the head (and the context)
             _commit(self.cache, committed, tree.size, acceptance, step.features, self.drafter)
             self.root = acceptance.bonus_token_id
         t3 = now(device)
-        if self.policy is not None:
-            if shape is not None:
-                self.policy.observe_verified(shape, tree, acceptance)
-            if shape is None or not self.head_behind:  # a catch-up is no lesson on round time
-                self.policy.observe_time(shape if tree.size > 1 else None, now(device) - t0)
-            self.head_behind = shape is None
+        if self.policy is not None:  # 6. what every arm would have accepted; this one's time
+            self._teach(arm, head_tree, acceptance, candidates, start, now(device) - t0)
         accepted = min(acceptance.num_accepted_drafts, len(tokens))  # after truncation
-        label = shape.label() if shape is not None and tree.size > 1 else "plain"
+        label = arm.label() if tree.size > 1 else "plain"
         self.stats.add_round(len(tokens), tree.size, t1 - t0, t2 - t1)
         self.stats.tree_shapes[label] += 1
         return RoundCompleted(  # 6. emit the round
@@ -177,11 +184,14 @@ class Decoding:
             bookkeeping_s=t3 - t2,
             elapsed_s=t3 - self.start,
             tree_shape=label,
+            num_accepted_context=sources[:accepted].count("context"),
         )
 
     def finish(self, costs: CostModel | None) -> Finished:
         """The reply's summary; ``costs`` let the slow-speed hint price the verified trees."""
         total = now(self.target.device) - self.start
+        if self.policy is not None:  # the context drafts the reply left undecided
+            self.policy.settle(self.context.tokens if self.context else (), final=True)
         text = self.reply.text() if self.reply is not None else ""
         hint = explain(self.stats, costs) if self.drafter is not None else ""
         reason = self.stop_reason or "cancelled"
@@ -194,27 +204,62 @@ class Decoding:
             return DraftTree.root_only(self.root)
         return self.drafter.propose(self.root, shape, self.config.sampling, self.generator)
 
+    def _context_candidates(self) -> tuple[list[tuple[int, ...]], int]:
+        """Continuations of the text (the root included) copied from earlier in it, and where
+        they would start: every round looks them up, so the tuner scores them even when the
+        round does not carry them."""
+        if self.context is None:
+            return [], 0
+        return self.context.continuations(*self.policy.context_request), len(self.context.tokens)
+
+    def _teach(
+        self,
+        arm: Arm,
+        head_tree: DraftTree,
+        acceptance: Acceptance,
+        candidates: list[tuple[int, ...]],
+        start: int,
+        seconds: float,
+    ) -> None:
+        """Tell the policy what every arm would have accepted this round and how long this one
+        took; a round whose head first caught up with rounds it sat out is no lesson on time."""
+        correct = None if acceptance.correct is None else acceptance.correct[: head_tree.size]
+        head_accepted = sum(node < head_tree.size for node in acceptance.accepted_nodes)
+        replayed = replay_heads(arm.head, self.policy.heads, head_tree, correct, head_accepted)
+        catch_up = arm.head is not None and self.head_behind
+        text = self.context.tokens if self.context is not None else ()
+        self.policy.observe(arm, replayed, candidates, text, start, None if catch_up else seconds)
+        self.head_behind = arm.head is None
+
     def _accept(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
         if self.config.sampling.greedy:
             return greedy_accept(tree, logits)
         return sample_accept(tree, logits, self.config.sampling, self.generator)
 
     def _take(
-        self, round_tokens: Sequence[int], num_accepted: int
+        self, round_tokens: Sequence[int], sources: Sequence[TokenSource]
     ) -> tuple[list[int], tuple[TextSpan, ...]]:
-        """One round's tokens after exact stopping and their text spans; records why to stop
-        and the marker or stop string that stopped the reply."""
+        """One round's tokens (and who wrote each) after exact stopping, and their text spans;
+        records why to stop and the marker or stop string that stopped the reply."""
         tokens, reason = self.stop.apply(round_tokens, len(self.produced))
         if reason == "stop_string":  # a turn marker id
             self.stopped_by = self.stops.marker_ids[round_tokens[len(tokens)]]
         spans: tuple[TextSpan, ...] = ()
         if self.reply is not None:
-            tokens, spans = self.reply.add(tokens, min(num_accepted, len(tokens)))
+            tokens, spans = self.reply.add(tokens, sources[: len(tokens)])
             if self.reply.matched is not None:
                 reason, self.stopped_by = "stop_string", self.reply.matched
         self.stop_reason = reason
         self.produced += tokens
+        self.stats.token_sources += sources[: len(tokens)]
+        if self.context is not None:
+            self.context.extend(tokens)
         return tokens, spans
+
+
+def _source(tree: DraftTree, node: int) -> TokenSource:
+    """Who wrote an accepted draft: the head, when it proposed it (whoever else did too)."""
+    return "head" if tree.source_of(node) & HEAD else "context"
 
 
 @torch.inference_mode()

@@ -61,3 +61,23 @@ def replay_accepted(
     kept = eligible & (place < limits[:, 0:1])
     reached = torch.where(kept & right_path[None, :], depths[None, :], 0)
     return reached.amax(dim=1).tolist()  # amax: max(dim) takes a slow parallel path on CPUs
+
+
+def replay_heads(
+    verified: TreeConfig | None,
+    shapes: Sequence[TreeConfig],
+    tree: DraftTree,
+    correct: torch.Tensor | None,
+    accepted: int,
+) -> dict[TreeConfig | None, int]:
+    """Accepted drafts of every shape among ``shapes`` that a round verifying ``verified`` (the
+    head's ``tree``; None: no head drafts) covers, and 0 for no head drafts at all: replayed
+    from the greedy verdicts (``correct``, the head's nodes), else as a chain's prefixes of its
+    ``accepted`` drafts (sampled chains)."""
+    covered = [s for s in shapes if verified is not None and covers(verified, s)]
+    replayed: dict[TreeConfig | None, int] = {None: 0}
+    if covered and correct is not None:
+        replayed.update(zip(covered, replay_accepted(tree, correct, covered)))
+    else:
+        replayed.update((s, min(accepted, s.depth)) for s in covered)
+    return replayed

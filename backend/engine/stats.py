@@ -14,6 +14,7 @@ from backend.engine.calibration import CostModel
 from backend.events import (
     GenerationSummary,
     StopReason,
+    TokenSource,
     acceptance_per_depth,
     average_acceptance_length,
 )
@@ -28,6 +29,7 @@ class SpecStats:
     verify_s: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
     tree_shapes: Counter[str] = field(default_factory=Counter)  # rounds per verified shape
+    token_sources: list[TokenSource] = field(default_factory=list)  # who wrote each new token
 
     def add_round(self, emitted: int, tree_size: int, draft_s: float, verify_s: float) -> None:
         """One round that emitted ``emitted`` tokens after exact stopping: its acceptance
@@ -72,6 +74,9 @@ class SpecStats:
             stopped_by=stopped_by,
             tree_shapes=tuple(self.tree_shapes.most_common()),
             prompt_head_s=self.prompt_head_s,
+            accepted_head=self.token_sources.count("head"),
+            accepted_context=self.token_sources.count("context"),
+            token_sources=tuple(self.token_sources),
         )
 
 

@@ -1,7 +1,8 @@
 """Exact stopping: a round may yield several tokens, so EOS, turn markers, stop strings and the
 token budget are applied to each round's tokens and the output is truncated, never overshooting.
 
-Three kinds of stop, collected once per loaded pair (``StopSpec``):
+Three kinds of stop, collected once per loaded pair (``StopSpec``), to which a request may add
+stop strings of its own (``GenerationConfig.stop``, the OpenAI API's ``stop``):
 - EOS ids (the tokenizer's and every id of the generation config): the EOS token ends the reply
   and is kept as its last token (it decodes to no text);
 - turn-marker ids (special tokens the chat format puts between turns, e.g. ``<|user|>``): the
@@ -14,7 +15,7 @@ Three kinds of stop, collected once per loaded pair (``StopSpec``):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backend.engine.detok import IncrementalDetokenizer
 from backend.events import StopReason, TextSpan, TokenSource
@@ -27,6 +28,11 @@ class StopSpec:
     eos_ids: frozenset[int] = frozenset()
     marker_ids: Mapping[int, str] = field(default_factory=dict)  # id -> marker text
     strings: tuple[str, ...] = ()
+
+    def with_strings(self, extra: Sequence[str]) -> StopSpec:
+        """These stops and a request's own stop strings, each string once."""
+        added = tuple(s for s in dict.fromkeys(extra) if s not in self.strings)
+        return replace(self, strings=self.strings + added) if added else self
 
     def describe(self) -> str:
         """The markers and strings in words, for logs and the UI."""
@@ -147,15 +153,14 @@ class ReplyText:
         self.filter = StopStringFilter(stop_strings)
         self.shown = ""
 
-    def add(self, tokens: list[int], num_accepted: int) -> tuple[list[int], tuple[TextSpan, ...]]:
-        """This round's tokens (the first ``num_accepted`` were drafts) -> the tokens kept (all
-        but those from a completed stop string on) and the text spans to show now. The text is
-        cut exactly; a token in which the stop string begins is dropped from the ids, while its
-        text before the stop string is kept."""
-        pieces = [
-            (self.detok.add([token]), "draft" if index < num_accepted else "target")
-            for index, token in enumerate(tokens)
-        ]
+    def add(
+        self, tokens: list[int], sources: Sequence[TokenSource]
+    ) -> tuple[list[int], tuple[TextSpan, ...]]:
+        """This round's tokens and who wrote each -> the tokens kept (all but those from a
+        completed stop string on) and the text spans to show now. The text is cut exactly; a
+        token in which the stop string begins is dropped from the ids, while its text before
+        the stop string is kept."""
+        pieces = [(self.detok.add([token]), source) for token, source in zip(tokens, sources)]
         released, kept = self.filter.feed(pieces)  # type: ignore[arg-type]
         spans: list[TextSpan] = []
         for text, source in released:

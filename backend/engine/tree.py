@@ -3,15 +3,24 @@
 Node 0 is the root: the last accepted ("bonus") token, not yet in the target's cache. Nodes are
 ordered so that a parent always precedes its children; a node's position id is
 ``committed_length + depth`` and it attends to the committed prefix, its ancestors and itself.
+
+A round's tree may merge two draft sources: the head's tree first, then chains copied from the
+context (``with_chains``), each hung from the deepest node whose path it continues. Every node
+records who proposed it (``sources``), because sampled verification must know, per child, the
+distribution it was drawn from.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from backend.engine.kv import visible_keys
+
+HEAD, CONTEXT = 1, 2  # bits of DraftTree.sources: who proposed a node
 
 # EAGLE-1's static tree: 25 drafted nodes + root, depth 5, widths 4/8/8/3/2. Each path lists
 # the top-k rank chosen at every level below the root.
@@ -58,6 +67,8 @@ class DraftTree:
     # and its cumulative draft log-prob; the tuner replays smaller shapes from them (replay.py).
     ranks: torch.Tensor | None = None  # [N] long, 0 for the root
     scores: torch.Tensor | None = None  # [N] float, 0 for the root
+    # Per node, HEAD | CONTEXT bits: who proposed it (0 for the root). None = the head alone.
+    sources: tuple[int, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -125,6 +136,41 @@ class DraftTree:
         return bool(
             (self.parents == torch.arange(-1, self.size - 1, device=self.parents.device)).all()
         )
+
+    def source_of(self, node: int) -> int:
+        return HEAD if self.sources is None else self.sources[node]
+
+    def with_chains(self, chains: Sequence[Sequence[int]]) -> DraftTree:
+        """This tree with context ``chains`` (token ids after the root) merged in: each chain
+        follows the existing nodes it repeats and continues as new nodes, appended after the
+        head's, so the head's nodes keep their indices (the head's own tree, with its ranks
+        and scores, is what replay.py reads)."""
+        tokens, parents = self.token_ids.tolist(), self.parents.tolist()
+        depths = self.depths.tolist()
+        sources = list(self.sources or (0,) + (HEAD,) * (self.size - 1))
+        child = {(parent, token): node for node, (parent, token) in enumerate(zip(parents, tokens))}
+        for chain in chains:
+            node = 0
+            for token in chain:
+                next_node = child.get((node, token))
+                if next_node is None:
+                    next_node = len(tokens)
+                    child[(node, token)] = next_node
+                    tokens.append(token)
+                    parents.append(node)
+                    depths.append(depths[node] + 1)
+                    sources.append(0)
+                sources[next_node] |= CONTEXT
+                node = next_node
+        device = self.token_ids.device
+        grown = DraftTree.from_parents(
+            torch.tensor(tokens, device=device),
+            torch.tensor(parents, device=device),
+            torch.tensor(depths, device=device),
+            self.proposal_probs,
+            self.proposal_ids,
+        )
+        return dataclasses.replace(grown, sources=tuple(sources))
 
     def children(self) -> list[list[int]]:
         """Child node indices of every node, in node order (i.e. draft-score order)."""

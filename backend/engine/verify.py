@@ -8,6 +8,13 @@ replace p by norm(max(p - q, 0)) and try the next; if none is accepted, draw the
 from what is left of p. Deterministic (top-k) drafts are the case q = a point mass on x: accept
 with p(x), else zero p(x) and renormalise. Sampled drafts are i.i.d. draws from the head's q at
 their parent. Either way every emitted token is distributed exactly as p.
+
+Each child is tried with the distribution it was drawn from (``child_proposals``): a head child
+with the head's q at its parent (a point mass for a top-k draft), a child copied from the context
+with a point mass. A child both sources proposed is tried twice, as the head's draw and then as
+the context's point mass: two proposals in a row, each tried against what the previous
+rejections left of p, so the rule stays exact for any mix (the order depends only on proposals
+already tried).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import torch
 
 from backend.config import SamplingConfig
 from backend.engine.sampling import processed_probs, sample_from, uniform
-from backend.engine.tree import DraftTree
+from backend.engine.tree import CONTEXT, HEAD, DraftTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +75,24 @@ def sample_accept(
     node, path = 0, []
     while True:
         p = probs[node].clone()
-        q = _proposal(tree, node, p.numel()) if children[node] else None
+        head_drawn = any(tree.source_of(child) & HEAD for child in children[node])
+        head_q = _proposal(tree, node, p.numel()) if head_drawn else None
         accepted_child = None
         for child in children[node]:
             token = tokens[child]
-            q_token = 1.0 if q is None else float(q[token])  # a deterministic draft: q = 1
-            if uniform(generator) * q_token < float(p[token]):  # min(1, p/q)
-                accepted_child = child
+            for q in child_proposals(tree, child, head_q):
+                q_token = 1.0 if q is None else float(q[token])  # a deterministic draft: q = 1
+                if uniform(generator) * q_token < float(p[token]):  # min(1, p/q)
+                    accepted_child = child
+                    break
+                p = rejection_residual(p, q, token)
+                total = float(p.sum())
+                if total <= 0.0:  # nothing left outside what was rejected: only rounding
+                    accepted_child = child
+                    break
+                p /= total
+            if accepted_child is not None:
                 break
-            p = rejection_residual(p, q, token)
-            total = float(p.sum())
-            if total <= 0.0:  # nothing left outside what was rejected: only rounding got here
-                accepted_child = child
-                break
-            p /= total
         if accepted_child is None:
             bonus = sample_from(p, generator)
             return Acceptance(tuple(path), tuple(tokens[i] for i in path) + (bonus,), bonus)
@@ -98,6 +109,19 @@ def rejection_residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> t
         p[token] = 0.0
         return p
     return (p - q).clamp_(min=0.0)
+
+
+def child_proposals(
+    tree: DraftTree, child: int, head_q: torch.Tensor | None
+) -> list[torch.Tensor | None]:
+    """The distributions ``child`` was drawn from, tried in this order (None = a point mass):
+    the head's q at its parent (None for a top-k draft), then for a context copy a point mass
+    (not twice: after a rejected point mass the token has no probability left)."""
+    source = tree.source_of(child)
+    proposals: list[torch.Tensor | None] = [head_q] if source & HEAD else []
+    if source & CONTEXT and not (source & HEAD and head_q is None):
+        proposals.append(None)
+    return proposals
 
 
 def _proposal(tree: DraftTree, node: int, vocab_size: int) -> torch.Tensor | None:

@@ -3,6 +3,7 @@
 
     python launch.py export-head --head heads/mine --target ./my-model --out heads/mine-vllm \\
         [--fold-fc-bias] [--with-embedding] [--dtype bfloat16]
+    python launch.py export-head --pair demo --out heads/demo-eagle3   # the pair's head and target
 
 The weights stay the same tensors (cast only with --dtype); config.json is rewritten by
 ``HeadConfig.to_dict``. With --target, an EAGLE-3 head that names no feature layers gets the
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 
 from backend.errors import ConfigError, EagleChatError
+from backend.frontends.flags import add_flags
+from backend.frontends.pairs import chosen_pair, local_files
 from backend.services.dtypes import DTYPES
 from models.checkpoints import load_head, save_head
 from models.heads.config import HeadKind, default_eagle3_layer_ids
@@ -30,7 +33,10 @@ EXIT_ERROR = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--head", required=True, help="head folder (config.json + weights)")
+    add_flags(parser, "pair")
+    parser.add_argument(
+        "--head", help="head folder (config.json + weights); default: the --pair's head"
+    )
     parser.add_argument("--out", required=True, help="output folder (may equal --head)")
     parser.add_argument("--target", default=None, help="local target folder the head drafts for")
     parser.add_argument(
@@ -50,19 +56,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def export(args: argparse.Namespace) -> Path:
+    pair = chosen_pair(args)
     needs_target = args.fold_fc_bias or args.with_embedding
-    if needs_target and not args.target:
-        raise ConfigError("--fold-fc-bias and --with-embedding need --target")
-    head = load_head(args.head)
-    dtype = DTYPES[args.dtype] if args.dtype else head_file_dtype(Path(args.head))
-    if args.target and head.kind is HeadKind.EAGLE3:
-        if head.config.eagle_aux_hidden_state_layer_ids is None:
-            layers = json.loads((Path(args.target) / "config.json").read_text())
-            num_layers = layers.get("text_config", layers)["num_hidden_layers"]
-            head.config.eagle_aux_hidden_state_layer_ids = list(
-                default_eagle3_layer_ids(num_layers)
-            )
-    embedding = read_target_embedding(args.target) if needs_target else None
+    if needs_target and not (args.target or pair):
+        raise ConfigError("--fold-fc-bias and --with-embedding need --target (or --pair)")
+    head_dir = args.head or (local_files(pair.head, "head") if pair else None)
+    if head_dir is None:
+        raise ConfigError("no head to export", hint="give --head DIR or --pair NAME")
+    head = load_head(head_dir)
+    dtype = DTYPES[args.dtype] if args.dtype else head_file_dtype(Path(head_dir))
+    layer_ids = head.config.eagle_aux_hidden_state_layer_ids
+    needs_layers = head.kind is HeadKind.EAGLE3 and layer_ids is None
+    target = args.target
+    if target is None and pair is not None and (needs_target or needs_layers):
+        target = local_files(pair.target, "target")  # read only when the export needs it
+    if target and needs_layers:
+        layers = json.loads((Path(target) / "config.json").read_text())
+        num_layers = layers.get("text_config", layers)["num_hidden_layers"]
+        head.config.eagle_aux_hidden_state_layer_ids = list(default_eagle3_layer_ids(num_layers))
+    embedding = read_target_embedding(target) if needs_target else None
     if args.fold_fc_bias:
         head = fold_fc_bias(head, embedding)
         dtype = DTYPES[args.dtype] if args.dtype else torch.float32  # keep the fold exact

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
-from backend.config import DEFAULT_MAX_NEW_TOKENS, SamplingConfig, TreeConfig
+from backend.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DraftSources,
+    GenerationConfig,
+    SamplingConfig,
+    TreeConfig,
+)
 from backend.services.dtypes import DTYPES
 
 _TREE = TreeConfig()
@@ -86,12 +92,18 @@ FLAGS: dict[str, dict[str, Any]] = {
         "help": "CPU threads for the decoding rounds: 0 = the fastest count timed at load "
         "(auto), N = N threads (the prefill always uses them all), for A/B",
     },
+    "--drafts": {
+        "choices": list(get_args(DraftSources)),
+        "default": GenerationConfig().drafts,
+        "help": "where an automatic round's drafts come from: the head, the context (text "
+        "copied from the prompt and the reply so far) or both in one tree (default)",
+    },
 }
 
 MODEL_FLAGS = ("pair", "target", "gguf-file", "head")
 LOADING_FLAGS = ("dtype", "quantize", "device-map", "trust-remote-code")
 SAMPLING_FLAGS = ("temperature", "top-p", "top-k-sampling", "seed")
-TREE_FLAGS = ("total-tokens", "depth", "top-k", "tree-shape")
+TREE_FLAGS = ("total-tokens", "depth", "top-k", "tree-shape", "drafts")
 
 
 def add_flags(

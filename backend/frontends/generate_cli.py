@@ -1,6 +1,7 @@
 """``python launch.py generate``: one prompt through EAGLE or vanilla decoding.
 
 python launch.py generate --target PATH --head PATH --prompt "Hello" --json
+python launch.py generate --pair demo --prompt "Count to ten" --stop "5" --stop "five"
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from backend.frontends.flags import (
     add_sampling_flags,
     add_tree_flags,
 )
-from backend.services.catalog import find_pair
+from backend.frontends.pairs import chosen_pair
 from backend.services.dtypes import choose_dtype
 
 _TREE = TreeConfig()
@@ -44,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_sampling_flags(parser)
     add_flags(parser, "max-new-tokens")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the reply right before this text (repeatable)",
+    )
     add_tree_flags(parser)
     add_loading_flags(parser)
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
@@ -53,10 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_config_from(args: argparse.Namespace) -> LoadConfig:
     """A LoadConfig from --pair or --target/--head and the loading flags."""
     target, head, dtype = args.target, args.head, args.dtype
-    if args.pair:
-        if target:
-            raise ConfigError("give --pair or --target, not both")
-        spec = find_pair(args.pair)
+    spec = chosen_pair(args)
+    if spec is not None:
         target, head = spec.target, head or spec.head
         dtype = choose_dtype(dtype, choose_device(), preferred=spec.dtype)
     if not target:
@@ -75,10 +81,12 @@ def load_config_from(args: argparse.Namespace) -> LoadConfig:
 def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
     load = load_config_from(args)
     generation = GenerationConfig(
-        mode=args.mode or ("eagle" if load.head else "vanilla"),
+        mode=args.mode or "eagle",  # without a head, EAGLE mode drafts from the context
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k_sampling, args.seed),
         tree=tree_config(args),
+        stop=tuple(args.stop),
+        drafts=args.drafts,
     )
     return load, generation
 

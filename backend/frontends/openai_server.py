@@ -13,9 +13,12 @@ they run one at a time on the model. A client that closes its connection, while 
 its reply is generated (streamed or not), cancels its request: it leaves the queue or its
 generation stops at the next round, and the model goes to the next client. Off by default;
 binds 127.0.0.1 unless a host is given.
+``stop`` is one string or a list of up to 4, as in OpenAI's API: the reply ends right before
+the first of them (and before the pair's own turn markers), exactly, even inside a round of
+accepted drafts, and a stream never shows part of one.
 Differences from OpenAI: ``temperature`` defaults to greedy (EagleChat's default), ``n`` must
-be 1, stop sequences are not supported, and the ``model`` field is not checked (the loaded pair
-answers whatever name a client sends).
+be 1, and the ``model`` field is not checked (the loaded pair answers whatever name a client
+sends).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _STATUS = {"input": 400, "config": 400, "incompatible_head": 400, "no_model": 404}
 _TREE_KEYS = {"total_tokens", "depth", "top_k", "shape"}
 _FINISH = {"max_new_tokens": "length", "context_length": "length"}  # anything else: "stop"
+MAX_STOP_STRINGS = 4  # as many as OpenAI's API takes
 DISCONNECT_POLL_S = 0.05  # how often a request's watcher looks whether its client is still there
 
 
@@ -122,8 +126,6 @@ def parse_request(
     parsed = [_message(m, i) for i, m in enumerate(messages)]
     if body.get("n", 1) != 1:
         raise InputError("only n=1 is supported")
-    if body.get("stop"):
-        raise InputError("stop sequences are not supported")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InputError("'seed' must be an integer")
@@ -134,7 +136,8 @@ def parse_request(
             top_p=float(_number(body, "top_p", defaults.top_p)),
             top_k=int(_number(body, "top_k", defaults.top_k)),
             seed=seed,
-        )
+        ),
+        "stop": _stop_strings(body.get("stop")),
     }
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
@@ -167,6 +170,7 @@ def stats(summary: GenerationSummary, mode: str) -> dict[str, Any]:
         "ttft_s": summary.ttft_s,
         "total_s": summary.total_s,
         "stop_reason": summary.stop_reason,
+        "stopped_by": summary.stopped_by,
     }
 
 
@@ -188,6 +192,22 @@ def _message(raw: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise InputError(f"messages[{index}].content must be a string or text parts")
     return {"role": raw["role"], "content": content}
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    """OpenAI's ``stop``: null, one string, or a list of up to ``MAX_STOP_STRINGS`` strings."""
+    if value is None:
+        return ()
+    strings = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(strings, list)
+        or len(strings) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) for s in strings)
+    ):
+        raise InputError(f"'stop' must be a string or a list of up to {MAX_STOP_STRINGS} strings")
+    if not all(strings):
+        raise InputError("'stop' strings must not be empty")
+    return tuple(strings)
 
 
 def _number(body: dict[str, Any], key: str, default: float) -> float:

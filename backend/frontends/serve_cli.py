@@ -17,7 +17,8 @@ from pathlib import Path
 from backend.config import TreeConfig
 from backend.errors import ConfigError
 from backend.frontends.flags import add_flags
-from backend.services.catalog import REPO_ROOT, find_pair
+from backend.frontends.pairs import chosen_pair
+from backend.services.catalog import REPO_ROOT
 from backend.services.engine_server import (
     ENGINES,
     EngineServer,
@@ -30,8 +31,8 @@ from backend.services.engine_server import (
 
 def spec_from_args(args: argparse.Namespace) -> ServeSpec:
     """A ServeSpec from the catalog pair (or --target/--head) and the CLI overrides."""
-    if args.pair:
-        pair = find_pair(args.pair)
+    pair = chosen_pair(args)
+    if pair is not None:
         target, head, kind = _shown_path(pair.target), _shown_path(pair.head), pair.head_kind
         tree, dtype = pair.tree, pair.dtype
     elif args.target and args.head and args.head_kind:

@@ -2,6 +2,7 @@
 
     python launch.py train-head --target ./my-model --data sharegpt.json --kind eagle3 \\
         --out ./my-head --steps 2000 --regenerate --draft-vocab-size 32000
+    python launch.py train-head --pair demo --data chats.jsonl --out ./my-head  # its head's kind
     python launch.py train-head --target gemma.gguf --text --data wiki.txt --kind eagle3 \\
         --out ./gemma-head --regenerate --cache-features ./gemma-cache --epochs 4
     # interrupted? add --resume to continue from the newest checkpoint in --out
@@ -32,6 +33,7 @@ import torch
 from backend.bench.prompts import BenchPrompt, load_prompts, save_prompts
 from backend.engine.device import choose_device
 from backend.errors import CheckpointError, ConfigError, EagleChatError
+from backend.frontends.pairs import chosen_pair, local_files
 from backend.frontends.train_eval import (
     encode_bench_prompts,
     eval_generation,
@@ -99,17 +101,31 @@ def summary_line(result: TrainResult, held_out: int) -> str:
     )
 
 
+def target_and_kind(args: argparse.Namespace) -> tuple[str, str]:
+    """The target's local path and the head kind to train: as given, or the --pair's."""
+    pair = chosen_pair(args)
+    if pair is None:
+        if not args.target or not args.kind:
+            raise ConfigError(
+                "name the target and the head kind, or a catalog pair",
+                hint="--target PATH --kind eagle3, or --pair demo",
+            )
+        return args.target, args.kind
+    return local_files(pair.target, "target"), args.kind or pair.head_kind
+
+
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
-    for flag in ("kind", "out", "data"):
+    for flag in ("out", "data"):
         if not getattr(args, flag):
             raise ConfigError(f"train-head needs --{flag}", hint="or --eval-head DIR to measure")
+    target, kind = target_and_kind(args)  # before the device is chosen: a bad flag fails fast
     if checkpoint_dirs(Path(args.out)) and not args.resume:
         raise ConfigError(
             f"{args.out} already holds training checkpoints",
             hint="resume them (--resume) or choose another output directory",
         )
     model, tokenizer = load_target(
-        local_source(args.target, args.gguf_file), args.dtype, choose_device(args.device)
+        local_source(target, args.gguf_file), args.dtype, choose_device(args.device)
     )
     if args.text:
         examples, prompts = _text_data(model, tokenizer, args)
@@ -120,11 +136,13 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
     if prompts:
         generation = eval_generation(args.eval_max_new_tokens, args.eval_tree)
         evaluate = make_tau_evaluator(model, tokenizer, prompts, generation)
-    config = _train_config(args, examples)
+    config = _train_config(args, kind, examples)
     return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
 
 
-def _train_config(args: argparse.Namespace, examples: list[TokenizedExample]) -> TrainConfig:
+def _train_config(
+    args: argparse.Namespace, kind: str, examples: list[TokenizedExample]
+) -> TrainConfig:
     about = {
         "data": list(args.data),
         "text": args.text,
@@ -140,7 +158,7 @@ def _train_config(args: argparse.Namespace, examples: list[TokenizedExample]) ->
         },
     }
     return TrainConfig(
-        kind=args.kind,
+        kind=kind,
         out_dir=args.out,
         steps=args.steps,
         epochs=args.epochs,
@@ -175,8 +193,12 @@ def _evaluate_only(args: argparse.Namespace) -> str:
     """--eval-head: the head's tau on the evaluation prompts, as a training run measures it."""
     from backend.services.loading import bind_head
 
+    pair = chosen_pair(args)
+    target = local_files(pair.target, "target") if pair is not None else args.target
+    if not target:
+        raise ConfigError("--eval-head needs the target", hint="--target PATH, or --pair NAME")
     device = choose_device(args.device)
-    model, tokenizer = load_target(local_source(args.target, args.gguf_file), args.dtype, device)
+    model, tokenizer = load_target(local_source(target, args.gguf_file), args.dtype, device)
     head, _ = bind_head(model, load_head(args.eval_head), resolve_dtype(args.dtype, device))
     if args.eval_prompt_file:
         prompts = _prompt_file_ids(tokenizer, args)

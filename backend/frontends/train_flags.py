@@ -14,9 +14,8 @@ HELD_OUT_NAME = "held_out.jsonl"  # in --out: the held-out text as bench prompts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target", required=True, help="local directory of the target model, or its .gguf file"
-    )
+    add_flags(parser, "pair")
+    parser.add_argument("--target", help="local directory of the target model, or its .gguf file")
     add_flags(parser, "gguf-file")
     parser.add_argument(
         "--data", nargs="+", help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)"
@@ -43,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each followed by the target's greedy continuation (--regen-max-new-tokens), as bench "
         "prompts",
     )
-    parser.add_argument("--kind", choices=[k.value for k in HeadKind])
+    parser.add_argument("--kind", choices=[k.value for k in HeadKind], help="default: --pair's")
     parser.add_argument("--out", help="output directory of the head")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
     parser.add_argument("--epochs", type=float, default=1.0)

@@ -3,8 +3,9 @@ whose flags live in :mod:`backend.frontends.serve_cli`).
 
 The command is built from the pair's catalog entry (head kind -> speculative method, the
 recommended tree -> number of speculative tokens or SGLang's tree settings) and the engine's
-documented flags; one builder serves this command, the README and the tests. ``EngineServer``
-starts it, waits until ``/health`` answers and stops it with its worker processes.
+documented flags; one builder serves this command, the docs (docs/serving.md) and the tests.
+``EngineServer`` starts it, waits until ``/health`` answers and stops it with its worker
+processes.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def engine_args(spec: ServeSpec) -> list[str]:
             args += ["--max-model-len", str(spec.max_model_len)]
         if spec.tensor_parallel_size > 1:
             args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-        if spec.nnodes > 1:  # the nodes join one Ray cluster first (README)
+        if spec.nnodes > 1:  # the nodes join one Ray cluster first (docs/serving.md)
             args += ["--distributed-executor-backend", "ray"]
         if spec.cpu:
             args += ["--gpu-memory-utilization", CPU_MEMORY_SHARE]

@@ -25,15 +25,13 @@ import torch
 
 from backend.config import LoadConfig, TreeConfig
 from backend.engine.attention_layout import check_rollback
-from backend.engine.autotune import LADDER
+from backend.engine.autotune import HEAD_SHAPES
 from backend.engine.calibration import (
     CostModel,
     RoundThreads,
     calibrate,
     calibration_steps,
     fastest_round_threads,
-    plain_step_s,
-    timed_busier,
 )
 from backend.engine.decoder_projections import (
     describe_decoder,
@@ -41,7 +39,7 @@ from backend.engine.decoder_projections import (
     projection_bytes,
     speed_up_decoder,
 )
-from backend.engine.device import choose_device, cpu_threads
+from backend.engine.device import choose_device
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.head_precision import choose_head_precision, precision_name
@@ -55,7 +53,6 @@ from backend.services.dtypes import resolve_dtype
 from backend.services.planning import available_ram
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
-from backend.services.tuner_lesson import teach_tuner
 from backend.services.validate import check_head_fits_target, read_target_config
 from models.checkpoints import DAMAGED_HINT, build_head, check_safetensors_folder, read_raw
 from models.heads.base import DraftHead, execution_device
@@ -77,7 +74,7 @@ class LoadedPair:
     head_path: str | None
     info: PairInfo
     prompt_format: str = "auto"  # see backend/services/prompting.py
-    # time spent at load measuring the tree costs and teaching the tuner (0: both from disk)
+    # time spent at load measuring the round costs (0: read from disk)
     calibration_s: float = 0.0
     readout_forms: str = (
         "stock"  # the CPU forms of the output projections (engine/projection_forms.py)
@@ -86,7 +83,6 @@ class LoadedPair:
     round_threads: RoundThreads = RoundThreads()  # CPU threads of plain steps, drafted rounds
     tuning_key: dict | None = None  # where the tuner's state is kept (services/tuning_cache.py)
     tuning_restored: bool = False  # the tuner started from what an earlier run learned
-    tuning_lesson_rounds: int = 0  # else rounds of the short replies that taught it at load
 
 
 @dataclass
@@ -210,7 +206,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         head, drafter = bind_head(model, head, dtype)
     runner = TargetRunner(model, drafter.feature_indices if drafter else ())
     key = _calibration_key(prepared, runner.device, dtype_name)
-    cached = calibration_cache.load(key) if drafter is not None else None
+    cached = calibration_cache.load(key)
     if drafter is not None:  # before the projection forms: they are chosen per dtype
         head, drafter = _drafting_precision(model, runner, head, drafter, cached)
     head_precision = precision_name(head, dtype)
@@ -231,7 +227,7 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
     prompt_format = resolve_format(tokenizer, config.prompt_format)
     stops = stop_spec(model, tokenizer, prompt_format)
     engine = Engine(runner, drafter, tokenizer, stops, costs, round_threads=threads)
-    tuning, taught, lesson_s = yield from _start_tuner(engine, key, calibration_s, prepared)
+    tuning = "resumed" if _resume_tuning(engine, key, calibration_s) else "new"
     info = replace(
         pair_info(config, model, head, runner, dtype_name, format_label(prompt_format)),
         head_dtype="" if head_precision == "target" else head_precision,
@@ -248,13 +244,12 @@ def load_steps(prepared: PreparedLoad) -> Generator[Progress, None, LoadedPair]:
         head_path=prepared.head_path,
         info=info,
         prompt_format=prompt_format,
-        calibration_s=calibration_s + lesson_s,
+        calibration_s=calibration_s,
         readout_forms=describe_projections(forms),
         decoder_forms=describe_decoder(forms),
         round_threads=threads.resolved(torch.get_num_threads()),
-        tuning_key=key if drafter is not None else None,
+        tuning_key=key,
         tuning_restored=tuning == "resumed",
-        tuning_lesson_rounds=taught,
     )
 
 
@@ -319,25 +314,10 @@ def _drafting_precision(
     return head, drafter
 
 
-def _start_tuner(
-    engine: Engine, key: dict, calibration_s: float, prepared: PreparedLoad
-) -> Generator[Progress, None, tuple[str, int, float]]:
-    """Where the tree tuner starts: what earlier runs of this pair learned, else a lesson of a
-    few short replies now (services/tuner_lesson.py), saved at once. Returns how it started
-    (PairInfo.tree_tuning), the lesson's rounds and its seconds."""
-    if engine.drafter is None:
-        return "", 0, 0.0
-    if _resume_tuning(engine, key, calibration_s):
-        return "resumed", 0, 0.0
-    with _load_errors(prepared.config, prepared.target_path):
-        taught, seconds = yield from teach_tuner(engine, prepared.config.prompt_format)
-    tuning_cache.save(engine.policies, key)  # a second load in this process resumes it
-    return ("taught" if taught else "new"), taught, seconds
-
-
 def _resume_tuning(engine: Engine, key: dict, calibration_s: float) -> bool:
-    """Start from what the tuner learned of this pair last time, and keep what it learns now
-    at exit; True when there was something to resume."""
+    """Start from what the tuner learned of this pair last time (the first reply then drafts
+    as well as the last one did), and keep what it learns now at exit; True when there was
+    something to resume."""
     restored = tuning_cache.restore(engine, key, with_times=calibration_s == 0.0)
     if restored:
         logger.info("the tree tuner resumes from what earlier runs of this pair learned")
@@ -434,32 +414,23 @@ def calibrate_pair(
     cached: calibration_cache.Calibration | None,
     record: Callable[[CostModel], calibration_cache.Calibration],
     threads: RoundThreads,
-) -> Generator[Progress, None, tuple[CostModel | None, float]]:
-    """The tree auto-tuner's device costs, at load rather than in the first reply: read from the
-    on-disk cache when this pair was timed on this machine before, else measured with progress
-    and saved with the projection forms they were measured with; measured again when a plain
-    step now is far faster than the cached costs say (they were timed on a busy machine, and a
-    policy priced by them picks the wrong trees). Returns the costs and the seconds spent
-    measuring (0 when cached). ``record`` makes what is saved: the new costs with what the
-    load chose alongside (projection forms, head precision, round threads); everything is timed
-    on the ``threads`` the engine will run each kind of round on."""
-    if drafter is None:
-        return None, 0.0
-    message = "timing tree verification for the auto-tuner (once per model and machine)"
+) -> Generator[Progress, None, tuple[CostModel, float]]:
+    """The round auto-tuner's device costs, at load rather than in the first reply: read from
+    the on-disk cache when this pair was timed on this machine before, else measured with
+    progress and saved with the projection forms they were measured with (without a head only
+    verification is timed: context drafts need nothing else). Returns the costs and the
+    seconds spent measuring (0 when cached). ``record`` makes what is saved: the new costs
+    with what the load chose alongside (projection forms, head precision, round threads);
+    everything is timed on the ``threads`` the engine will run each kind of round on."""
     if cached is not None:
-        with cpu_threads(threads.plain):
-            plain_now_s = plain_step_s(runner)
-        if not timed_busier(cached.costs, plain_now_s):
-            yield Progress(
-                "calibrate", 1, 1, "steps", "tree costs for this machine read from cache"
-            )
-            return cached.costs, 0.0
-        message = "the cached tree costs were timed on a busier machine: timing them again"
-        logger.info(message)
-    total = calibration_steps(has_drafter=True, shapes=LADDER)
+        yield Progress("calibrate", 1, 1, "steps", "round costs for this machine read from cache")
+        return cached.costs, 0.0
+    message = "timing verification for the round auto-tuner (once per model and machine)"
+    shapes = HEAD_SHAPES if drafter is not None else ()
+    total = calibration_steps(has_drafter=drafter is not None, shapes=shapes)
     start = time.perf_counter()
     costs = yield from relay(
-        calibrate(runner, drafter, LADDER, threads=threads),
+        calibrate(runner, drafter, shapes, threads=threads),
         lambda done: Progress("calibrate", done, total, "steps", message),
     )
     seconds = time.perf_counter() - start

@@ -210,6 +210,8 @@ class RemoteEngine:
             "temperature": config.sampling.temperature,
             "top_p": config.sampling.top_p,
         }
+        if config.stop:
+            body["stop"] = list(config.stop)
         if self.vllm:
             body["return_token_ids"] = True  # vLLM's extension: token ids in each chunk
         return body

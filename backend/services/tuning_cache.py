@@ -1,6 +1,6 @@
-"""What the tree auto-tuner learned of a pair, kept on disk beside its calibration, so that the
-first reply after a relaunch starts from the head's measured acceptance (per depth, per sibling
-rank, per shape) instead of the prior, which otherwise costs that reply its first rounds.
+"""What the round auto-tuner learned of a pair, kept on disk beside its calibration, so that the
+first reply after a relaunch starts from every arm's measured tokens and round times instead of
+the prior, which otherwise costs that reply its first rounds.
 
 Entries are keyed like the calibration (weights, device, dtype, quantization, threads, torch):
 ``$EAGLECHAT_CACHE_DIR/tuning/<digest>.json``. Saving is best effort and happens when a pair is
@@ -20,9 +20,9 @@ from backend.services.cache_home import cache_home, key_digest
 
 logger = logging.getLogger(__name__)
 
-TUNING_FORMAT = 2  # bump when what TreePolicy.learned() holds changes
-_NAMES = {False: "greedy", True: "sampled"}  # one policy per greedy and sampled decoding
-_at_exit: dict[Path, tuple[dict[bool, TreePolicy], dict]] = {}  # what to save at exit, by entry
+TUNING_FORMAT = 3  # bump when what TreePolicy.learned() holds changes
+Policies = dict[tuple[bool, str], TreePolicy]  # by (sampled, draft sources), as Engine keeps them
+_at_exit: dict[Path, tuple[Policies, dict]] = {}  # what to save at exit, by entry
 
 
 def _entry(key: dict) -> Path:
@@ -32,32 +32,41 @@ def _entry(key: dict) -> Path:
 def restore(engine: Engine, key: dict, with_times: bool) -> bool:
     """Give ``engine`` the policies saved under ``key``; ``with_times`` False when its costs
     were timed again at this load (the saved time factors are relative to the old ones)."""
-    costs = engine.tree_costs()  # None without a drafter: nothing to tune
-    if costs is None:
-        return False
     path = _entry(key)
     try:
         saved = json.loads(path.read_text())
         policies = {}
-        for sampled, name in _NAMES.items():
-            if name in saved:
-                policies[sampled] = TreePolicy.for_decoding(costs, sampled)
-                policies[sampled].restore(saved[name], with_times)
+        for name, learned in saved.items():
+            sampled, drafts = _key_of(name)
+            policy = engine.tree_policy(sampled, drafts)
+            if policy is not None:
+                policy.restore(learned, with_times)
+                policies[sampled, drafts] = policy
     except FileNotFoundError:
         return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         logger.warning("ignoring the unreadable tuning state %s: %s", path, err)
         return False
-    engine.policies.update(policies)
     return bool(policies)
 
 
-def save(policies: dict[bool, TreePolicy], key: dict) -> None:
+def _name(sampled: bool, drafts: str) -> str:
+    return f"{'sampled' if sampled else 'greedy'}/{drafts}"
+
+
+def _key_of(name: str) -> tuple[bool, str]:
+    kind, drafts = name.split("/")
+    if kind not in ("greedy", "sampled") or drafts not in ("head", "context", "both"):
+        raise ValueError(f"unknown policy {name!r}")
+    return kind == "sampled", drafts
+
+
+def save(policies: Policies, key: dict) -> None:
     """Best effort: a read-only or full disk (or a reply still decoding while the process
     ends, changing the estimates under the copy) only means starting from less next time."""
     path = _entry(key)
     try:
-        learned = {_NAMES[sampled]: policy.learned() for sampled, policy in policies.items()}
+        learned = {_name(*kind): policy.learned() for kind, policy in policies.items()}
         if not learned:
             return
         text = json.dumps(learned)
@@ -75,7 +84,7 @@ def forget(key: dict) -> None:
     _entry(key).unlink(missing_ok=True)
 
 
-def save_at_exit(policies: dict[bool, TreePolicy], key: dict) -> None:
+def save_at_exit(policies: Policies, key: dict) -> None:
     """Save ``policies`` (an engine's, which it fills as it decodes) when the process ends,
     whether or not their engine still exists then (a command-line run drops it before). Only
     the policies, not the engine, are kept for this; a later load of the same pair replaces an

@@ -1,7 +1,7 @@
 """Chat fine-tuning of a small target on whole conversations, loss on assistant tokens only.
 
 make-demo uses it to finish the demo target: a model that small, briefly pretrained, spreads
-its replies over many tokens (a high entropy per token; the README's "The bundled demo pair"
+its replies over many tokens (a high entropy per token; "The demo pair" in docs/models.md
 has the numbers), so sampled replies are noise. Fine-tuning it on its own greedy replies to a
 few thousand prompts (self-distillation) makes its reply distribution peaked the way a real
 chat model's is, which keeps temperature-1 replies readable. The greedy text barely changes;

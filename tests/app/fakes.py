@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.config import GenerationConfig, LoadConfig, TreeConfig
-from backend.errors import EagleChatError
+from backend.errors import ConfigError, EagleChatError
 from backend.events import (
     BackendStatus,
     Downloaded,
@@ -38,9 +38,9 @@ from backend.services.catalog import PairSpec
 # (spans, accepted drafts) per round; round 0 is the prefill's token.
 SCRIPT: tuple[tuple[tuple[tuple[str, str], ...], int], ...] = (
     ((("Hello", "target"),), 0),
-    (((" there", "draft"), (",", "draft"), (" friend", "target")), 2),
+    (((" there", "head"), (",", "head"), (" friend", "target")), 2),
     (((" how", "target"),), 0),
-    (((" are", "draft"), (" you", "draft"), (" today", "draft"), ("?", "target")), 3),
+    (((" are", "head"), (" you", "head"), (" today", "head"), ("?", "target")), 3),
 )
 
 
@@ -206,6 +206,14 @@ class FakeBackend:
 
     def choose_hub_mode(self, asked_offline: bool = False) -> str | None:
         return "offline mode was asked for (--offline)" if asked_offline else None
+
+    def find_pair(self, name: str) -> PairSpec:
+        pairs = self.catalog()
+        found = next((pair for pair in pairs if pair.name == name), None)
+        if found is None:
+            known = ", ".join(pair.name for pair in pairs)
+            raise ConfigError(f"unknown pair {name!r}", hint=f"known pairs: {known}")
+        return found
 
     def default_dtype(self, preferred: str = "auto") -> str:
         return "float32"  # what a CPU without bf16 matrix units gets

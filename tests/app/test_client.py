@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from gradio_client import Client
 
-from app.render import DRAFT_LABEL
+from app.render import HEAD_LABEL
 from tests.app.conftest import LiveApp
 
 
@@ -46,7 +46,7 @@ def test_chat_streams_partial_updates_and_fills_the_panel(client: Client) -> Non
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant"
     assert reply_text(history[-1]).strip()
     labels = {piece["class_or_confidence"] for piece in tokens}
-    assert DRAFT_LABEL in labels, "the easy pair's drafts should be accepted"
+    assert HEAD_LABEL in labels, "the easy pair's drafts should be accepted"
     assert tokens_per_s(stats) > 0
     assert "| new tokens / rounds | 120 /" in stats and "Finished (max new tokens reached)" in stats
 

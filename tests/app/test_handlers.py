@@ -14,7 +14,7 @@ from app.chat_tab import ERROR_TITLE, ChatController, backend_messages
 from app.main import DEMO_MISSING, check_exposure, parse_auth, startup_pair
 from app.models_tab import CUSTOM, ModelsController, tree_config
 from app.race_tab import RaceController
-from app.render import DRAFT_LABEL, ESTIMATE_NOTE
+from app.render import ESTIMATE_NOTE, HEAD_LABEL
 from app.session import Session
 from backend.config import TreeConfig
 from backend.errors import ConfigError
@@ -51,7 +51,7 @@ def test_chat_streams_reply_and_panel() -> None:
         "role": "assistant",
         "content": "Hello there, friend how are you today?",
     }
-    assert (" there,", DRAFT_LABEL) in tokens
+    assert (" there,", HEAD_LABEL) in tokens
     assert "| last acceptance length | 4 |" in numbers and "Finished (end of reply)" in numbers
     assert plot["value"]["acceptance length"].tolist() == [3, 1, 4]
     assert plot["visible"] is True and plot_empty["visible"] is False
@@ -157,8 +157,8 @@ def test_race_streams_both_lanes_and_the_verdict() -> None:
     assert first_plot["visible"] is False and first_empty["visible"] is True
     vanilla_text, vanilla_md, eagle_text, eagle_md, verdict, plot, plot_empty = updates[-1]
     assert "".join(t for t, _ in vanilla_text) == "".join(t for t, _ in eagle_text)
-    assert all(label != DRAFT_LABEL for _, label in vanilla_text)
-    assert any(label == DRAFT_LABEL for _, label in eagle_text)
+    assert all(label != HEAD_LABEL for _, label in vanilla_text)
+    assert any(label == HEAD_LABEL for _, label in eagle_text)
     assert "vanilla: 11.2 tokens/s" in vanilla_md and "EAGLE: 22.5 tokens/s" in eagle_md
     assert "EAGLE speedup: 2.00×" in verdict and "Identical output" in verdict
     assert set(plot["value"]["lane"]) == {"vanilla", "EAGLE"}
@@ -246,7 +246,7 @@ def test_clear_during_a_reply_discards_its_output() -> None:
 
 
 def _args(**overrides) -> argparse.Namespace:
-    values = dict(target=None, head=None, dtype=None, quantize="none")
+    values = dict(pair=None, target=None, head=None, dtype=None, quantize="none")
     return argparse.Namespace(**(values | overrides))
 
 
@@ -265,6 +265,25 @@ def test_startup_pair_and_missing_demo(tmp_path) -> None:
         None,
         "",
     )
+
+
+def test_startup_pair_from_the_catalog() -> None:
+    backend = FakeBackend()
+    config, selected, notice = startup_pair(backend, _args(pair="gated-pair", quantize="4bit"))
+    assert (config.target, config.head, config.quantization, selected, notice) == (
+        "org/target",
+        "org/head",
+        "4bit",
+        "gated-pair",
+        "",
+    )
+    config, _, _ = startup_pair(backend, _args(pair="gated-pair", head="org/other-head"))
+    assert config.head == "org/other-head"
+    with pytest.raises(ConfigError, match="unknown pair 'nope'") as info:
+        startup_pair(backend, _args(pair="nope"))
+    assert "demo" in info.value.hint
+    with pytest.raises(ConfigError, match="--pair or --target"):
+        startup_pair(backend, _args(pair="demo", target="org/t"))
 
 
 def test_exposure_needs_auth() -> None:
@@ -320,6 +339,7 @@ def test_run_launches_on_loopback_with_assets(monkeypatch) -> None:
         port=7999,
         share=False,
         auth=None,
+        pair=None,
         target="org/t",
         head="org/h",
         quantize="none",

@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 
 from app.render import (
-    DRAFT_LABEL,
+    CONTEXT_LABEL,
+    HEAD_LABEL,
     ROUNDING_NOTE,
+    SPAN_COLORS,
     TARGET_LABEL,
     LiveStats,
     acceptance_frame,
@@ -44,16 +46,20 @@ def test_spans_become_labelled_pieces_with_adjacent_sources_merged() -> None:
     spans = [
         TextSpan("Hel", "target"),
         TextSpan("lo", "target"),
-        TextSpan(" wo", "draft"),
-        TextSpan("", "draft"),
-        TextSpan("rld", "draft"),
+        TextSpan(" wo", "head"),
+        TextSpan("", "head"),
+        TextSpan("rld", "head"),
+        TextSpan(" wor", "context"),
+        TextSpan("ld", "context"),
         TextSpan("!", "target"),
     ]
     assert highlight_spans(spans) == [
         ("Hello", TARGET_LABEL),
-        (" world", DRAFT_LABEL),
+        (" world", HEAD_LABEL),
+        (" world", CONTEXT_LABEL),
         ("!", TARGET_LABEL),
     ]
+    assert len({SPAN_COLORS[label] for label in (HEAD_LABEL, CONTEXT_LABEL, TARGET_LABEL)}) == 3
     assert highlight_spans([]) == []
 
 

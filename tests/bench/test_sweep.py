@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from backend.bench.prompts import BenchPrompt, load_prompts
 from backend.bench.report import label
-from backend.bench.sweep import DEFAULT_FILLER, lengthen, run_sweep
+from backend.bench.sweep import lengthen, run_sweep
 from backend.errors import InputError
 from tests.bench.test_report import hand_made
 
@@ -26,7 +26,7 @@ def tokenizer():
 
 def test_prompts_grow_to_the_asked_length_with_the_same_passage(tokenizer) -> None:
     prompts = load_prompts(limit=3)
-    filler = DEFAULT_FILLER.read_text()
+    filler = " ".join(f"This is sentence {i} of the text in front." for i in range(400))
     for tokens in (64, 400):
         longer = lengthen(prompts, tokenizer, tokens, filler)
         lengths = [len(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in longer]

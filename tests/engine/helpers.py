@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 from backend.config import GenerationConfig
+from backend.engine.autotune import Arm, TreePolicy
+from backend.engine.calibration import CostModel
 from backend.engine.drafter import EagleDrafter
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
@@ -34,3 +39,31 @@ def path_tokens(tree, node: int) -> list[int]:
         path.insert(0, int(tree.token_ids[at]))
         at = int(tree.parents[at])
     return path
+
+
+FLAT_COSTS = CostModel(verify_s={1: 1.0, 60: 1.0}, draft_step_s=0.05, chain_step_s=0.05)
+
+
+class CyclingPolicy(TreePolicy):
+    """The real policy's learning with its choice replaced by the given arms in turn: every
+    kind of round (merged trees, context chains alone, plain steps) is sure to run."""
+
+    def __init__(self, arms: Sequence[Arm], costs: CostModel = FLAT_COSTS) -> None:
+        super().__init__(costs, [Arm(), *arms])
+        self._turns = itertools.cycle(arms)
+
+    def choose(self) -> Arm:
+        return next(self._turns)
+
+
+def run_arms(
+    runner, drafter, prompt, arms: Sequence[Arm], **config
+) -> tuple[GenerationSummary, list[RoundCompleted]]:
+    """One generation whose rounds take ``arms`` in turn (GenerationConfig's auto tree)."""
+    stops = StopSpec(eos_ids=frozenset(config.pop("eos_ids", ())))
+    engine = Engine(runner, drafter, stops=stops, costs=FLAT_COSTS)
+    generation = GenerationConfig(**config)
+    engine.policies[not generation.sampling.greedy, generation.drafts] = CyclingPolicy(arms)
+    events = list(engine.generate(prompt, generation))
+    assert isinstance(events[-1], Finished), events[-1]
+    return events[-1].summary, [e for e in events if isinstance(e, RoundCompleted)]

@@ -8,7 +8,7 @@ import torch
 
 from backend.config import TreeConfig
 from backend.engine import calibration, kv
-from backend.engine.autotune import LADDER
+from backend.engine.autotune import HEAD_SHAPES
 from backend.engine.calibration import (
     MEASURED_SIZES,
     CostModel,
@@ -17,7 +17,6 @@ from backend.engine.calibration import (
     calibration_steps,
     fastest_round_threads,
     measure_costs,
-    smoothed_rounds,
     thread_counts,
 )
 from tests.engine.helpers import make_runner
@@ -27,7 +26,7 @@ from tests.factories import tiny_head, tiny_target
 def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
     target = tiny_target()
     runner, drafter = make_runner(target, tiny_head("eagle3", target))
-    shapes = LADDER[:3] + LADDER[-2:]
+    shapes = HEAD_SHAPES[:3] + HEAD_SHAPES[-2:]
     steps = calibrate(runner, drafter, shapes, context=16, repeats=2)
     progress = []
     while True:
@@ -48,32 +47,12 @@ def test_calibration_reports_progress_and_times_trees_and_chains() -> None:
 
 
 def test_a_timed_round_overrides_the_sum_of_its_parts() -> None:
-    """A shape timed as a whole round is priced as timed (drafting bookkeeping included);
-    the others as verification plus draft steps."""
+    """A shape timed as a whole round is priced as timed (drafting bookkeeping included), as
+    calibration measured it; the others as verification plus draft steps."""
     timed, untimed = TreeConfig(16, 5, 4), TreeConfig(8, 4, 2)
     costs = CostModel({1: 1.0, 8: 2.0, 16: 3.0}, draft_step_s=0.5, rounds_s={"16/5/4": 9.0})
     assert costs.round_s(timed) == 9.0 and costs.round_s(untimed) == 2.0 + 4 * 0.5
     assert CostModel.from_json(costs.to_json()) == costs
-
-
-def test_a_round_timed_off_its_familys_line_is_pulled_halfway_to_it() -> None:
-    """Chains whose rounds cost verification plus 1.0 per depth, one of them timed 2.0 too
-    cheap (timer noise): it moves halfway to the family's line, the others barely; trees are
-    fitted apart, and a family that lies on its line keeps its timings."""
-    verify = {n: 10.0 for n in MEASURED_SIZES}
-    costs = CostModel(verify, draft_step_s=0.5, chain_verify_s=dict(verify))
-    chains = [TreeConfig(d + 1, d, 1) for d in range(1, 7)]
-    trees = [TreeConfig(8, 4, 2), TreeConfig(12, 5, 3), TreeConfig(16, 6, 3)]
-    rounds = {t.label(): 10.0 + 1.0 * t.depth for t in chains}
-    rounds |= {t.label(): 10.0 + 3.0 * t.depth for t in trees}
-    assert smoothed_rounds(rounds, chains + trees, costs) == pytest.approx(rounds)
-    noisy = dict(rounds, **{"chain 4": rounds["chain 4"] - 2.0})
-    smooth = smoothed_rounds(noisy, chains + trees, costs)
-    # the fitted line sags by the noise's share of six chains, and tilts towards depth 4
-    line_there = 14.0 - 2.0 / 6 - 0.5 * (0.5 * 2.0 / 17.5)
-    assert smooth["chain 4"] == pytest.approx((12.0 + line_there) / 2)
-    assert all(abs(smooth[t.label()] - rounds[t.label()]) < 0.5 for t in chains if t.depth != 4)
-    assert all(smooth[t.label()] == pytest.approx(rounds[t.label()]) for t in trees)
 
 
 def test_round_cost_uses_the_chain_table_for_chains() -> None:
@@ -102,7 +81,7 @@ def test_calibration_leaves_the_model_usable_for_an_identical_generation() -> No
     prompt = torch.arange(5, 21)
     cache = runner.new_cache()
     before = runner.prefill(prompt, cache, with_features=False).logits[-1]
-    measure_costs(runner, drafter, LADDER[:2], context=8, repeats=1)
+    measure_costs(runner, drafter, HEAD_SHAPES[:2], context=8, repeats=1)
     cache = runner.new_cache()
     after = runner.prefill(prompt, cache, with_features=False).logits[-1]
     assert torch.equal(before, after)
@@ -236,7 +215,7 @@ def test_costs_are_timed_on_the_thread_counts_each_kind_of_round_runs_on(
 
     monkeypatch.setattr(calibration, "_time_verify", spy_verify)
     costs = measure_costs(
-        runner, drafter, LADDER[:2], context=8, repeats=1, threads=RoundThreads(2, 1)
+        runner, drafter, HEAD_SHAPES[:2], context=8, repeats=1, threads=RoundThreads(2, 1)
     )
     assert costs.verify(1) > 0
     assert {count for kind, count in seen if kind == "plain"} == {2}

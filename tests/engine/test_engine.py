@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from backend.config import GenerationConfig, SamplingConfig, TreeConfig
+from backend.engine.autotune import TreePolicy
 from backend.engine.calibration import RoundThreads
 from backend.engine.engine import Engine
 from backend.engine.stopping import StopSpec
@@ -30,16 +31,19 @@ def test_costs_are_measured_once_and_the_policy_carries_across_requests() -> Non
     engine = Engine(runner, drafter)
     assert engine.costs is None
     summary_of(engine, GenerationConfig(max_new_tokens=24))  # an automatic tree
-    costs, policy = engine.costs, engine.policies[False]
+    costs, policy = engine.costs, engine.policies[False, "both"]
     assert costs is not None and policy.costs is costs
-    learned = dict(policy.measured)
-    assert learned  # the first reply taught the policy
+    learned = policy.learned()
+    assert learned != TreePolicy(costs, policy.arms).learned()  # the first reply taught it
     summary_of(engine, GenerationConfig(max_new_tokens=24))
-    assert engine.costs is costs and engine.policies[False] is policy
-    assert policy.measured != learned  # the second reply went on from there
+    assert engine.costs is costs and engine.policies[False, "both"] is policy
+    assert policy.learned() != learned  # the second reply went on from there
     sampled = GenerationConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0, seed=0))
     summary_of(engine, sampled)
-    assert engine.policies[True] is not policy and engine.policies[True].costs is costs
+    assert engine.policies[True, "both"] is not policy
+    assert engine.policies[True, "both"].costs is costs
+    summary_of(engine, GenerationConfig(max_new_tokens=8, drafts="head"))
+    assert all(arm.context == 0 for arm in engine.policies[False, "head"].arms)
 
 
 def test_plain_decoding_measures_nothing() -> None:
@@ -48,6 +52,17 @@ def test_plain_decoding_measures_nothing() -> None:
     summary = summary_of(engine, GenerationConfig(mode="vanilla", max_new_tokens=6))
     assert summary.rounds == 5 and summary.tau == 1.0
     assert engine.costs is None and not engine.policies
+
+
+def test_without_a_head_eagle_mode_drafts_from_the_context_alone() -> None:
+    """Prompt-lookup mode: no head, the policy's arms draft from the context or not at all."""
+    runner, _ = make_runner(*easy_llama_pair())
+    engine = Engine(runner, None)
+    eagle = summary_of(engine, GenerationConfig(max_new_tokens=40, stop_on_eos=False))
+    vanilla = summary_of(engine, GenerationConfig(mode="vanilla", max_new_tokens=40))
+    assert eagle.token_ids == vanilla.token_ids and eagle.accepted_head == 0
+    assert {arm.head for arm in engine.policies[False, "both"].arms} == {None}
+    assert engine.tree_policy(drafts="head") is None  # nothing to draft from
 
 
 def test_the_tokens_only_view_shares_the_tuning_and_makes_no_text() -> None:

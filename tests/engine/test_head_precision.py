@@ -38,9 +38,10 @@ def test_a_bfloat16_head_keeps_drafting_what_the_float32_one_does() -> None:
     target, head = easy_llama_pair()
     runner, drafter = make_runner(target, head)
     prompt = [5, 17, 33, 2, 9, 41]  # the pair's vocabulary is 64 tokens
-    full, _ = run(runner, drafter, prompt, max_new_tokens=48, stop_on_eos=False)
+    tree = TreeConfig(total_tokens=8, depth=4, top_k=2)  # a fixed tree: no tuner in between
+    full, _ = run(runner, drafter, prompt, max_new_tokens=48, stop_on_eos=False, tree=tree)
     runner, lowered = make_runner(target, lowered_copy(head))
-    low, _ = run(runner, lowered, prompt, max_new_tokens=48, stop_on_eos=False)
+    low, _ = run(runner, lowered, prompt, max_new_tokens=48, stop_on_eos=False, tree=tree)
     assert low.token_ids == full.token_ids
     tau = [sum(s.acceptance_lengths) / s.rounds for s in (full, low)]
     assert tau[0] > 2.0 and tau[1] > 0.8 * tau[0]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from backend.config import TreeConfig
-from tests.engine.helpers import make_runner, run
+from backend.engine.autotune import Arm
+from tests.engine.helpers import make_runner, run, run_arms
 from tests.factories import ARCHITECTURES, tiny_head, tiny_target
 
 TREES = {
@@ -48,6 +49,39 @@ def test_eagle_equals_vanilla_equals_transformers(arch: str, kind: str) -> None:
             assert max(r.tree_size for r in rounds) == (
                 26 if name == "static" else tree.total_tokens
             )
+
+
+# Rounds that merge context chains into the head's tree (a chain, a branching tree, two
+# chains), context chains alone, and plain steps between them; the head catches up after those.
+MERGED_ARMS = (
+    Arm(TreeConfig(total_tokens=8, depth=4, top_k=2), context=6, chains=2),
+    Arm(None, context=8, chains=1),
+    Arm(TreeConfig(total_tokens=5, depth=4, top_k=1), context=4, chains=2),
+    Arm(),
+    Arm(TreeConfig(total_tokens=6, depth=5, top_k=1), context=12, chains=1),
+)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "no head"])
+def test_merged_trees_equal_vanilla(arch: str, kind: str) -> None:
+    """Head and context drafts in one verified tree (or context drafts alone, with no head):
+    greedy output equals transformers' greedy generate. Tiny random models fall into loops,
+    so context drafts are accepted, which the test requires."""
+    target = tiny_target(arch, num_layers=8)
+    head = None
+    if kind != "no head":
+        head = tiny_head(kind, target, draft_vocab_size=100 if kind == "eagle3" else None)
+    runner, drafter = make_runner(target, head)
+    arms = MERGED_ARMS if head is not None else [a for a in MERGED_ARMS if a.head is None]
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 60)
+        eagle, rounds = run_arms(runner, drafter, prompt, arms, mode="eagle", max_new_tokens=60)
+        assert list(eagle.token_ids) == expected, f"{arch}/{kind}"
+        assert eagle.accepted_context > 0
+        assert len(eagle.token_sources) == eagle.new_tokens
+        assert eagle.token_sources.count("context") == eagle.accepted_context
+        assert sum(r.num_accepted_context for r in rounds) == eagle.accepted_context
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])

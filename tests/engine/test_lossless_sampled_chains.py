@@ -46,7 +46,7 @@ def auto_counts(runner, drafter, sampling: SamplingConfig) -> tuple[torch.Tensor
 def test_the_auto_policy_drafts_sampled_chains_at_temperature(pair) -> None:
     """What the statistical tests below exercise is what auto does at T > 0: chains of draws."""
     _, (runner, drafter) = pair
-    choice = TreePolicy.for_decoding(COSTS, sampled=True).choose()
+    choice = TreePolicy.for_decoding(COSTS, sampled=True, has_head=True).choose().head
     assert choice is not None and choice.top_k == 1 and choice.depth >= 2
     sampling = SamplingConfig(temperature=1.0, seed=0)
     _, rounds = run(

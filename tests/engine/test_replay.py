@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend.config import TreeConfig
-from backend.engine.replay import covers, replay_accepted
+from backend.engine.replay import covers, replay_accepted, replay_heads
 from backend.engine.tree import DraftTree
 from backend.engine.verify import greedy_accept
 from tests.engine.helpers import make_runner
@@ -72,3 +72,20 @@ def test_covers() -> None:
     assert covers(TreeConfig(16, 5, 4), TreeConfig(8, 4, 2))
     assert not covers(TreeConfig(16, 5, 4), TreeConfig(16, 5, 10))
     assert not covers(TreeConfig(16, 5, 4), TreeConfig(7, 6, 1))
+
+
+def test_a_round_replays_the_head_shapes_it_covers_and_no_others() -> None:
+    target, head = easy_llama_pair()
+    runner, drafter = make_runner(target, head)
+    tree, acceptance = accepted_and_correct(runner, drafter, torch.tensor([1, 2, 3, 4]), VERIFIED)
+    wider = TreeConfig(total_tokens=60, depth=7, top_k=10)
+    chain = TreeConfig(total_tokens=4, depth=3, top_k=1)
+    shapes = [*SAME_WIDTH, chain, wider]
+    replayed = replay_heads(VERIFIED, shapes, tree, acceptance.correct, 0)
+    assert wider not in replayed and replayed[None] == 0
+    greedy = dict(zip(shapes[:-1], replay_accepted(tree, acceptance.correct, shapes[:-1])))
+    assert {s: replayed[s] for s in shapes[:-1]} == greedy
+    # sampled chains: a chain's prefixes accept what it accepted, up to their depth
+    sampled = replay_heads(TreeConfig(9, 8, 1), [chain, TreeConfig(8, 7, 1)], tree, None, 5)
+    assert sampled == {None: 0, chain: 3, TreeConfig(8, 7, 1): 5}
+    assert replay_heads(None, shapes, tree, acceptance.correct, 0) == {None: 0}

@@ -26,8 +26,8 @@ from backend.engine import kv
 from backend.engine.attention_layout import AttentionLayout, UnsupportedTargetError
 from backend.engine.tree import DraftTree
 from backend.services.loading import prepare
-from tests.engine.helpers import make_runner, path_tokens, run
-from tests.engine.test_loop_identity import hf_greedy
+from tests.engine.helpers import make_runner, path_tokens, run, run_arms
+from tests.engine.test_loop_identity import MERGED_ARMS, hf_greedy
 from tests.factories import tiny_head
 
 _COMMON = dict(
@@ -123,6 +123,21 @@ def test_greedy_eagle_equals_vanilla_and_generate_past_the_window(name: str, kin
         )
         assert list(eagle.token_ids) == expected, f"{name}/{kind}/{tree}"
         assert max(r.tree_size for r in rounds) > 1
+
+
+@pytest.mark.parametrize("name", list(SLIDING_CONFIGS))
+@pytest.mark.parametrize("kind", ["eagle3", "no head"])
+def test_merged_trees_equal_generate_past_the_window(name: str, kind: str) -> None:
+    """Context chains merged into the head's tree (or alone) past 3 windows: still exact."""
+    model, window = sliding_target(name)
+    head = tiny_head("eagle3", model, draft_vocab_size=100) if kind == "eagle3" else None
+    runner, drafter = make_runner(model, head)
+    prompt = random_prompt(2 * window, seed=3)
+    new_tokens = window + 24
+    arms = MERGED_ARMS if head is not None else [a for a in MERGED_ARMS if a.head is None]
+    eagle, rounds = run_arms(runner, drafter, prompt, arms, mode="eagle", max_new_tokens=new_tokens)
+    assert list(eagle.token_ids) == hf_greedy(model, prompt, new_tokens), f"{name}/{kind}"
+    assert max(r.tree_size for r in rounds) > 1
 
 
 @pytest.mark.parametrize("name", list(SLIDING_CONFIGS))

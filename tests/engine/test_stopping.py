@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from backend.config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
 from backend.engine.stopping import StopCheck, StopSpec, StopStringFilter
+from backend.errors import InputError
 from backend.events import Finished, RoundCompleted
 from backend.services.loading import load_pair
 from backend.services.prompting import prompt_ids, stop_spec, template_stops
@@ -47,10 +48,10 @@ def test_stop_string_inside_one_round_keeps_the_tokens_before_it() -> None:
 
 def test_held_text_that_is_no_stop_string_is_released() -> None:
     stops = StopStringFilter(("###User:",))
-    released, _ = stops.feed([("ab##", "draft")])
+    released, _ = stops.feed([("ab##", "head")])
     assert "".join(t for t, _ in released) == "ab"
     released, count = stops.feed([("x", "target")])
-    assert released == [("##", "draft"), ("x", "target")] and count is None
+    assert released == [("##", "head"), ("x", "target")] and count is None
 
 
 def test_turn_marker_accepted_mid_round_is_cut_with_what_follows() -> None:
@@ -102,13 +103,23 @@ def demo_pair():
 
 
 def reply(pair, stops, mode: str = "eagle", temperature: float = 0.0, seed: int | None = None):
-    ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Write a Python function."}])
-    config = GenerationConfig(
+    return reply_with(pair, stops, config(mode, temperature, seed))
+
+
+def config(
+    mode: str = "eagle", temperature: float = 0.0, seed: int | None = None, stop=()
+) -> GenerationConfig:
+    return GenerationConfig(
         mode=mode,
         max_new_tokens=40,
         tree=TreeConfig(total_tokens=12, depth=5, top_k=3),
         sampling=SamplingConfig(temperature=temperature, seed=seed),
+        stop=stop,
     )
+
+
+def reply_with(pair, stops, config: GenerationConfig):
+    ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Write a Python function."}])
     engine = dataclasses.replace(pair.engine, stops=stops)  # same runner, drafter and costs
     events = list(engine.generate(ids, config))
     rounds = [e for e in events if isinstance(e, RoundCompleted)]
@@ -144,6 +155,30 @@ def test_demo_pair_stops_exactly_at_a_stop_string(demo_pair) -> None:
     assert summary.stop_reason == "stop_string" and summary.stopped_by == stop
     assert len(rounds) == number + 1 and rounds[-1].token_ids == free_rounds[number].token_ids[:1]
     assert list(summary.token_ids) == list(free.token_ids[: before + 1])
+
+
+def test_a_requests_stop_strings_cut_as_exactly_beside_the_pairs_own(demo_pair) -> None:
+    own = demo_pair.engine.stops
+    assert own.marker_ids  # the demo chat format's turn markers stay in force
+    free, free_rounds = reply(demo_pair, own)
+    number, before, stop = cut_inside_drafts(demo_pair.tokenizer, free, free_rounds)
+    summary, rounds = reply_with(demo_pair, own, config(stop=("never in this reply", stop)))
+    assert summary.text == free.text[: free.text.find(stop)]
+    assert "".join(span.text for r in rounds for span in r.spans) == summary.text
+    assert summary.stop_reason == "stop_string" and summary.stopped_by == stop
+    assert list(summary.token_ids) == list(free.token_ids[: before + 1])
+    assert demo_pair.engine.stops is own  # the request's strings are its own
+
+
+def test_request_stop_strings_join_the_pairs_once_and_need_reply_text(demo_pair) -> None:
+    own = StopSpec(eos_ids=frozenset({1}), strings=("</s>",))
+    assert own.with_strings(("</s>", "x", "x")).strings == ("</s>", "x")
+    assert own.with_strings(()) is own
+    ids = prompt_ids(demo_pair.tokenizer, [{"role": "user", "content": "Hi"}])
+    with pytest.raises(InputError, match="stop strings need the reply text"):
+        next(demo_pair.engine.tokens_only().generate(ids, config(stop=("x",))))
+    with pytest.raises(InputError, match="non-empty"):
+        config(stop=("",))
 
 
 def test_demo_pair_stops_before_a_turn_marker_token(demo_pair) -> None:

@@ -69,7 +69,7 @@ def test_only_eagle1_heads_with_a_bias_fold(target) -> None:
 
 
 def _args(**values) -> argparse.Namespace:
-    defaults = dict(target=None, fold_fc_bias=False, with_embedding=False, dtype=None)
+    defaults = dict(pair=None, target=None, fold_fc_bias=False, with_embedding=False, dtype=None)
     return argparse.Namespace(**(defaults | values))
 
 

@@ -106,6 +106,7 @@ def test_demo_eagle3_head_drafts_as_in_vllm(tmp_path) -> None:
 
 def _folded_demo_eagle1(tmp_path: Path) -> Path:
     args = argparse.Namespace(
+        pair=None,
         head=str(DEMO / "head-eagle1"),
         out=str(tmp_path / "folded"),
         target=str(DEMO / "target"),

@@ -105,6 +105,7 @@ def served_head(kind: str, tmp_path: Path) -> Path:
     if kind == "trained":
         return train_small_head(tmp_path)
     args = argparse.Namespace(
+        pair=None,
         head=str(DEMO / "head-eagle1"),
         out=str(tmp_path / "head-eagle1"),
         target=str(DEMO / "target"),

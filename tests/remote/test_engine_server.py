@@ -1,7 +1,7 @@
 """``launch.py serve``: the vLLM and SGLang commands built from a pair, checked against the
 engines' documented flags (the real vLLM build checks its own --help in
-tests/remote/test_vllm_remote.py), the install check, start/wait/stop on a stub server, and the
-README's commands, which must be exactly what --dry-run prints."""
+tests/remote/test_vllm_remote.py), the install check, start/wait/stop on a stub server, and
+the commands in README.md and docs/, which must be exactly what --dry-run prints."""
 
 from __future__ import annotations
 
@@ -155,9 +155,10 @@ def test_server_start_wait_and_stop_on_a_stub(tmp_path: Path) -> None:
     assert "no such model" in err.value.hint
 
 
-def readme_commands() -> str:
-    """README text with backslash-continued lines joined, as a shell reads them."""
-    return re.sub(r" *\\\n *", " ", (ROOT / "README.md").read_text())
+def documented_commands() -> str:
+    """README.md and docs/*.md with backslash-continued lines joined, as a shell reads them."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return "\n".join(re.sub(r" *\\\n *", " ", page.read_text()) for page in pages)
 
 
 @pytest.mark.parametrize(
@@ -209,9 +210,9 @@ def readme_commands() -> str:
         ],
     ],
 )
-def test_readme_commands_are_the_dry_run_output(args, capsys, monkeypatch) -> None:
+def test_documented_commands_are_the_dry_run_output(args, capsys, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
     assert launch.main(["serve", *args, "--python", "python", "--dry-run"]) == 0
     printed = capsys.readouterr().out.strip()
-    assert printed in readme_commands(), f"README lacks: {printed}"
-    assert f"python launch.py serve {' '.join(args)}" in readme_commands()
+    assert printed in documented_commands(), f"the docs lack: {printed}"
+    assert f"python launch.py serve {' '.join(args)}" in documented_commands()

@@ -36,7 +36,7 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS["accepted draft"] (#34d399) as the DOM shows it
+DRAFT_RGB = "52, 211, 153"  # render.SPAN_COLORS[HEAD_LABEL] (#34d399) as the DOM shows it
 TIMEOUT_MS = 30_000
 
 # Records every distinct length of the newest bot message as the DOM changes.
@@ -317,5 +317,54 @@ def test_real_demo_replies_render_faithfully(browser, demo_app) -> None:
         page.locator('#chatbot button[aria-label="Copy message"]').last.click()
         copied = page.evaluate("navigator.clipboard.readText()")
         assert "\\" not in copied and copied.split() == arithmetic.split(), copied
+    finally:
+        context.close()
+
+
+CONTEXT_RGB = "251, 191, 36"  # render.SPAN_COLORS[CONTEXT_LABEL] (#fbbf24)
+LOOPING_PROMPT = "Write the numbers from 1 to 20."  # the demo target answers "1000000..."
+
+
+def test_tokens_are_coloured_by_who_wrote_them(browser, demo_app, monkeypatch) -> None:
+    """Head drafts green, context drafts amber, the target's own tokens grey (rounds take
+    head drafts and context drafts in turn, the tuner's choice replaced, on a reply that
+    loops); the acceptance plot's title fits inside it and its x axis counts whole rounds."""
+    from backend.config import TreeConfig
+    from backend.engine.autotune import Arm
+    from tests.engine.helpers import CyclingPolicy
+
+    url, backend = demo_app
+    chain = TreeConfig(total_tokens=4, depth=3, top_k=1)
+    policy = CyclingPolicy([Arm(chain), Arm(None, context=12, chains=1)])
+    monkeypatch.setitem(backend.pair.engine.policies, (False, "both"), policy)
+    context = browser.new_context(viewport={"width": 1360, "height": 940})
+    page = context.new_page()
+    try:
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.wait_for_selector("#chat-input textarea")
+        page.click("#chat-settings button, #chat-settings .label-wrap")
+        set_number(page, "chat-max-new-tokens", 24)  # a few rounds: the plot's x axis is short
+        ask(page, LOOPING_PROMPT)
+        styles = page.locator("#accept-tokens .token").evaluate_all(
+            "nodes => nodes.map(n => n.getAttribute('style') || '')"
+        )
+        kinds = {
+            "head": any(DRAFT_RGB in style for style in styles),
+            "context": any(CONTEXT_RGB in style for style in styles),
+            "target": any(DRAFT_RGB not in style and CONTEXT_RGB not in style for style in styles),
+        }
+        assert all(kinds.values()), kinds
+        assert re.search(r"drafts accepted: head / context\s+[1-9]\d* / [1-9]\d*", stats_text(page))
+        svg = page.locator("#accept-plot svg").first
+        svg.wait_for()
+        box = svg.bounding_box()
+        title = svg.locator(".role-title-text text, .role-title text").first.bounding_box()
+        assert box["x"] <= title["x"] and title["x"] + title["width"] <= box["x"] + box["width"]
+        ticks = svg.locator("g[aria-label^='X-axis'] .role-axis-label text").evaluate_all(
+            "nodes => nodes.map(n => n.textContent)"
+        )
+        assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks  # no 1.5, 2.5 ...
+        page.screenshot(path=ARTIFACTS / "chat-sources.png", full_page=True)
     finally:
         context.close()
