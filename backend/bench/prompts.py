@@ -55,3 +55,15 @@ def load_prompts(
     if not prompts:
         raise InputError(f"prompt file {path} has no prompts")
     return prompts[:limit] if limit else prompts
+
+
+def save_prompts(path: str | Path, prompts: list[BenchPrompt]) -> None:
+    """FastChat questions, one a line, as :func:`load_prompts` reads them back."""
+    lines = [
+        json.dumps(
+            {"question_id": p.question_id, "category": p.category, "turns": [p.text]},
+            ensure_ascii=False,
+        )
+        for p in prompts
+    ]
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")

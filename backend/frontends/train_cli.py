@@ -3,128 +3,81 @@
     python launch.py train-head --target ./my-model --data sharegpt.json --kind eagle3 \\
         --out ./my-head --steps 2000 --regenerate --draft-vocab-size 32000
     python launch.py train-head --pair demo --data chats.jsonl --out ./my-head  # its head's kind
+    python launch.py train-head --target gemma.gguf --text --data wiki.txt --kind eagle3 \\
+        --out ./gemma-head --regenerate --cache-features ./gemma-cache --epochs 4
     # interrupted? add --resume to continue from the newest checkpoint in --out
+    python launch.py train-head --target gemma.gguf --eval-head ./gemma-head \\
+        --eval-prompt-file prompts.jsonl --eval-prompts 4     # tau of a head, as the bench has it
 
-Loads the target (frozen) and its tokenizer from a local directory, reads and tokenises the
-chat data (assistant-only loss), optionally regenerates the replies with the target, trains
-(models/training/trainer.py) and measures the average acceptance length tau of the head on
-held-out prompts through the real engine. The evaluation lives here because it imports the
-engine, which models/ must not. Known failures print ``error:``/``hint:`` and exit with 2.
+Loads the target (frozen) and its tokenizer from a local directory or GGUF file, reads the data
+(chat: assistant-only loss; ``--text``: plain text for base models, a held-out share of it set
+aside and written as bench prompts), optionally has the target write the replies or
+continuations itself, trains (models/training/trainer.py) and measures held-out tau through the
+real engine on the bench's settings (train_eval.py). The flags are in train_flags.py. Known
+failures print ``error:``/``hint:`` and exit with 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
-from backend.config import GenerationConfig
+from backend.bench.prompts import BenchPrompt, load_prompts, save_prompts
 from backend.engine.device import choose_device
-from backend.engine.drafter import EagleDrafter
-from backend.engine.engine import Engine
-from backend.engine.stopping import StopSpec
-from backend.engine.target import TargetRunner
 from backend.errors import CheckpointError, ConfigError, EagleChatError
-from backend.events import Finished, average_acceptance_length
-from backend.frontends.flags import add_flags
 from backend.frontends.pairs import chosen_pair, local_files
+from backend.frontends.train_eval import (
+    encode_bench_prompts,
+    eval_generation,
+    make_tau_evaluator,
+)
+from backend.frontends.train_flags import HELD_OUT_NAME, add_arguments
+from backend.services import gguf_cache
 from backend.services.dtypes import resolve_dtype
 from backend.services.target_source import TargetSource, local_source
-from models.chat_format import encode_prompt, eos_token_ids
-from models.checkpoints import check_safetensors_folder
-from models.features import decoder_of
-from models.heads.base import DraftHead
-from models.heads.config import HeadKind
+from models.chat_format import encode_prompt, text_chunks
+from models.checkpoints import check_safetensors_folder, load_head
+from models.training.checkpointing import checkpoint_dirs
+from models.training.continuations import ContinuationOptions, continue_prompts, cut_prompts
 from models.training.data import (
     RegenerateOptions,
+    TokenizedExample,
+    held_out_units,
     load_conversations,
     load_documents,
     prompt_messages,
     regenerate_replies,
     split_held_out,
-    tokenize_conversation,
     tokenize_conversations,
 )
 from models.training.trainer import TrainConfig, TrainResult, train_head
 
+__all__ = ["add_arguments", "run"]  # launch.py's interface (the flags: train_flags.py)
+
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 REGENERATED_NAME = "regenerated.jsonl"  # in --out: the target's replies, reused by --resume
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flags(parser, "pair")
-    parser.add_argument("--target", help="local directory of the target model, or its .gguf file")
-    add_flags(parser, "gguf-file")
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        help="ShareGPT JSON/JSONL, prompt JSONL or .txt (several allowed)",
-    )
-    parser.add_argument(
-        "--text",
-        action="store_true",
-        help="the data is plain text to continue (base models): every token "
-        "is trained, held-out prompts are the first --eval-prompt-tokens of "
-        "held-out pieces",
-    )
-    parser.add_argument("--eval-prompt-tokens", type=int, default=64)
-    parser.add_argument("--kind", choices=[k.value for k in HeadKind], help="default: --pair's")
-    parser.add_argument("--out", required=True, help="output directory of the head")
-    parser.add_argument("--steps", type=int, default=0, help="optimizer steps (0 = --epochs)")
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-length", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--warmup-steps", type=int, default=None)
-    parser.add_argument(
-        "--regenerate",
-        action="store_true",
-        help="replace the replies by the target's own (recommended)",
-    )
-    parser.add_argument("--regen-max-new-tokens", type=int, default=256)
-    parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument(
-        "--draft-vocab-size",
-        type=int,
-        default=None,
-        help="EAGLE-3 reduced draft vocabulary (e.g. 32000)",
-    )
-    parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time test")
-    parser.add_argument(
-        "--draft-readout-only",
-        action="store_true",
-        help="EAGLE-3: compute the target's logits on the draft vocabulary only "
-        "(much faster for large vocabularies)",
-    )
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--eval-every", type=int, default=0, help="0 = evaluate at the end")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument(
-        "--eval-prompts",
-        type=int,
-        default=8,
-        help="held-out prompts for the tau evaluation (0 = none)",
-    )
-    parser.add_argument("--eval-max-new-tokens", type=int, default=128)
-    add_flags(parser, "dtype")
-    parser.add_argument("--device", default=None, help="cuda:0, cpu, ... (default: best found)")
-    parser.add_argument("--seed", type=int, default=0)
+CONTINUATIONS_NAME = "continuations.jsonl"  # in --out: the target's continuations (--text)
+CONTINUED_IDS_NAME = "held_out_continued.jsonl"  # in --out: the target's continuations of them
+CONTINUED_WHAT = {CONTINUATIONS_NAME: "the training text", CONTINUED_IDS_NAME: "held-out text"}
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, evaluate, print one summary line; one-line errors with a hint and exit code 2."""
+    """Train (or only evaluate), print one summary line; one-line errors with a hint and exit
+    code 2."""
     try:
-        result, held_out = _run(args)
+        line = _evaluate_only(args) if args.eval_head else summary_line(*_run(args))
     except EagleChatError as err:
         print(f"error: {err.message}", file=sys.stderr)
         if err.hint:
@@ -134,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: interrupted", file=sys.stderr)
         print("hint: run the same command with --resume to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(summary_line(result, held_out))
+    print(line)
     return 0
 
 
@@ -163,16 +116,49 @@ def target_and_kind(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
+    for flag in ("out", "data"):
+        if not getattr(args, flag):
+            raise ConfigError(f"train-head needs --{flag}", hint="or --eval-head DIR to measure")
     target, kind = target_and_kind(args)  # before the device is chosen: a bad flag fails fast
-    device = choose_device(args.device)
-    model, tokenizer = load_target(local_source(target, args.gguf_file), args.dtype, device)
-    conversations = [c for path in args.data for c in _read_data(path, args)]
-    train_convs, held_out = split_held_out(conversations, args.eval_prompts, args.seed)
-    if args.regenerate:
-        train_convs = _regenerated(model, tokenizer, train_convs, args)
-    examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
-    logger.info("%d training examples, %d held-out prompts", len(examples), len(held_out))
-    config = TrainConfig(
+    if checkpoint_dirs(Path(args.out)) and not args.resume:
+        raise ConfigError(
+            f"{args.out} already holds training checkpoints",
+            hint="resume them (--resume) or choose another output directory",
+        )
+    model, tokenizer = load_target(
+        local_source(target, args.gguf_file), args.dtype, choose_device(args.device)
+    )
+    if args.text:
+        examples, prompts = _text_data(model, tokenizer, args)
+    else:
+        examples, prompts = _chat_data(model, tokenizer, args)
+    logger.info("%d training examples, %d held-out prompts", len(examples), len(prompts))
+    evaluate = None
+    if prompts:
+        generation = eval_generation(args.eval_max_new_tokens, args.eval_tree)
+        evaluate = make_tau_evaluator(model, tokenizer, prompts, generation)
+    config = _train_config(args, kind, examples)
+    return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+
+
+def _train_config(
+    args: argparse.Namespace, kind: str, examples: list[TokenizedExample]
+) -> TrainConfig:
+    about = {
+        "data": list(args.data),
+        "text": args.text,
+        "held_out_share": args.held_out_share if args.text else None,
+        "regenerated": _regeneration_about(args) if args.regenerate else None,
+        "examples": len(examples),
+        "tokens": sum(min(len(e.input_ids), args.max_length) for e in examples),
+        "evaluation": {
+            "prompts": args.eval_prompt_file or "held-out data",
+            "count": args.eval_prompts,
+            "max_new_tokens": args.eval_max_new_tokens,
+            "tree": args.eval_tree,
+        },
+    }
+    return TrainConfig(
         kind=kind,
         out_dir=args.out,
         steps=args.steps,
@@ -188,25 +174,179 @@ def _run(args: argparse.Namespace) -> tuple[TrainResult, int]:
         eval_every=args.eval_every,
         seed=args.seed,
         resume=args.resume,
+        cache_dir=args.cache_features,
+        cache_top_k=args.cache_top_k,
+        about=about,
     )
-    if args.text:
-        prompts = [
-            tokenize_conversation(tokenizer, c, args.eval_prompt_tokens).input_ids for c in held_out
-        ]
+
+
+def _regeneration_about(args: argparse.Namespace) -> dict:
+    return {
+        "max_new_tokens": args.regen_max_new_tokens,
+        "temperature": args.regen_temperature,
+        "sampled_share": args.regen_sampled_share if args.text else None,
+        "prompts": args.regen_prompts if args.text else None,
+        "prompt_chars": args.regen_prompt_chars if args.text else None,
+    }
+
+
+def _evaluate_only(args: argparse.Namespace) -> str:
+    """--eval-head: the head's tau on the evaluation prompts, as a training run measures it."""
+    from backend.services.loading import bind_head
+
+    pair = chosen_pair(args)
+    target = local_files(pair.target, "target") if pair is not None else args.target
+    if not target:
+        raise ConfigError("--eval-head needs the target", hint="--target PATH, or --pair NAME")
+    device = choose_device(args.device)
+    model, tokenizer = load_target(local_source(target, args.gguf_file), args.dtype, device)
+    head, _ = bind_head(model, load_head(args.eval_head), resolve_dtype(args.dtype, device))
+    if args.eval_prompt_file:
+        prompts = _prompt_file_ids(tokenizer, args)
+    elif args.data and args.text:
+        held_out = held_out_prompts(args.data, args.held_out_share, args.eval_prompt_chars)
+        prompts = encode_bench_prompts(tokenizer, held_out[: args.eval_prompts], "plain")
     else:
-        prompts = [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
-    evaluate = None
-    if prompts:
-        evaluate = make_tau_evaluator(
-            model, tokenizer, prompts, GenerationConfig(max_new_tokens=args.eval_max_new_tokens)
+        raise ConfigError("--eval-head needs --eval-prompt-file, or --text --data FILES")
+    generation = eval_generation(args.eval_max_new_tokens, args.eval_tree)
+    head.eval()
+    with torch.no_grad():
+        tau = make_tau_evaluator(model, tokenizer, prompts, generation)(head)
+    return (
+        f"tau {tau:.2f} on {len(prompts)} prompts (tree {args.eval_tree}, "
+        f"{args.eval_max_new_tokens} new tokens, greedy) for {args.eval_head}"
+    )
+
+
+def _prompt_file_ids(tokenizer, args: argparse.Namespace) -> list[list[int]]:
+    prompts = load_prompts(args.eval_prompt_file, args.eval_prompts, args.eval_prompt_chars)
+    return encode_bench_prompts(tokenizer, prompts, "plain" if args.text else "auto")
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+
+def _chat_data(model, tokenizer, args: argparse.Namespace):
+    """Chat examples (the target's own replies with --regenerate) and the evaluation prompts:
+    the first user turns of held-out conversations, or --eval-prompt-file."""
+    conversations = [c for path in args.data for c in load_conversations(path)]
+    held = 0 if args.eval_prompt_file else args.eval_prompts
+    train_convs, held_out = split_held_out(conversations, held, args.seed)
+    if args.regenerate:
+        train_convs = _regenerated(model, tokenizer, train_convs, args)
+    examples = tokenize_conversations(tokenizer, train_convs, args.max_length)
+    if args.eval_prompt_file and args.eval_prompts:
+        return examples, _prompt_file_ids(tokenizer, args)
+    return examples, [encode_prompt(tokenizer, prompt_messages(c)) for c in held_out]
+
+
+def _text_data(model, tokenizer, args: argparse.Namespace):
+    """Plain-text examples without the held-out share (the target's continuations with
+    --regenerate), and the evaluation prompts: the first --eval-prompts held-out passages
+    (all of them written to OUT/held_out*.jsonl for the bench), or --eval-prompt-file."""
+    share = args.held_out_share
+    held_out = held_out_prompts(args.data, share, args.eval_prompt_chars)
+    _save_held_out(Path(args.out), held_out)
+    if args.held_out_continued:
+        _continue_held_out(model, tokenizer, held_out[: args.held_out_continued], args)
+    if args.regenerate:
+        passages = [
+            d[0]["content"]
+            for path in args.data
+            for d in load_documents(path, args.regen_prompt_chars, share)
+        ]
+        examples = _continuations(model, tokenizer, passages, args)
+    else:
+        documents = [
+            d for path in args.data for d in load_documents(path, 4 * args.max_length, share)
+        ]
+        examples = tokenize_conversations(tokenizer, documents, args.max_length)
+    if args.eval_prompt_file:
+        return examples, _prompt_file_ids(tokenizer, args) if args.eval_prompts else []
+    return examples, encode_bench_prompts(tokenizer, held_out[: args.eval_prompts], "plain")
+
+
+def held_out_prompts(paths: list[str], share: float, chars: int) -> list[BenchPrompt]:
+    """The held-out units of the text files cut into passages of at most ``chars`` (as the
+    bench cuts a .txt), as bench prompts named ``<file stem>-<n>``. Interleaved, files first and
+    then units (every unit's first passage before any second one), so that the first N mix
+    them."""
+    per_file = []
+    for path in paths:
+        stem = Path(path).stem
+        units = [text_chunks(unit, chars) for unit in held_out_units(path, share)]
+        passages = _interleaved(units)
+        per_file.append([BenchPrompt(f"{stem}-{i}", stem, text) for i, text in enumerate(passages)])
+    return _interleaved(per_file)
+
+
+def _interleaved(lists: list[list]) -> list:
+    return [item for group in itertools.zip_longest(*lists) for item in group if item is not None]
+
+
+def _save_held_out(out: Path, prompts: list[BenchPrompt]) -> None:
+    """OUT/held_out.jsonl (all files) and OUT/held_out-<file stem>.jsonl (one each), for the
+    bench's --prompts."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_prompts(out / HELD_OUT_NAME, prompts)
+    for category in dict.fromkeys(p.category for p in prompts):
+        one = [p for p in prompts if p.category == category]
+        save_prompts(out / HELD_OUT_NAME.replace(".jsonl", f"-{category}.jsonl"), one)
+
+
+def _continuations(model, tokenizer, passages: list[str], args: argparse.Namespace):
+    """The target's continuations of prompts cut from the training text, kept in --out:
+    an interrupted run continues them with --resume; a finished file is read back."""
+    options = ContinuationOptions(
+        max_new_tokens=args.regen_max_new_tokens,
+        sampled_share=args.regen_sampled_share,
+        temperature=args.regen_temperature,
+        batch_size=args.regen_batch_size,
+        max_prompts=args.regen_prompts,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    done = _continued(model, tokenizer, passages, options, args, CONTINUATIONS_NAME)
+    special = getattr(tokenizer, "all_special_ids", [])
+    return [continuation.example(special) for continuation in done]
+
+
+def _continue_held_out(model, tokenizer, held_out: list[BenchPrompt], args) -> None:
+    """OUT/held_out-continued.jsonl: held-out passages each followed by the target's greedy
+    continuation, as bench prompts: text the model wrote itself after a prompt it never
+    trained on (the bench then measures the head deep inside the model's own writing)."""
+    options = ContinuationOptions(
+        max_new_tokens=args.regen_max_new_tokens,
+        sampled_share=0.0,
+        batch_size=args.regen_batch_size,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    passages = [p.text for p in held_out]
+    done = _continued(model, tokenizer, passages, options, args, CONTINUED_IDS_NAME)
+    prompts = [
+        BenchPrompt(
+            f"{p.question_id}-continued",
+            p.category,
+            tokenizer.decode(c.prompt_ids + c.new_ids, skip_special_tokens=True),
         )
-    return train_head(model, tokenizer, examples, config, evaluate=evaluate), len(prompts)
+        for p, c in zip(held_out, done)
+    ]
+    save_prompts(Path(args.out) / HELD_OUT_NAME.replace(".jsonl", "-continued.jsonl"), prompts)
 
 
-def _read_data(path: str, args: argparse.Namespace) -> list:
-    if args.text:
-        return load_documents(path, max_chars=4 * args.max_length)
-    return load_conversations(path)
+def _continued(model, tokenizer, passages, options: ContinuationOptions, args, name: str):
+    """The target's continuations of ``passages``, kept in OUT/``name``: read back (and an
+    unfinished file completed) with --resume, written anew without it."""
+    path = Path(args.out) / name
+    if path.is_file() and not args.resume:
+        path.unlink()
+    prompts = cut_prompts(tokenizer, passages, options)
+    return _with_bar(
+        len(prompts),
+        f"the target continues {CONTINUED_WHAT[name]}",
+        lambda progress: continue_prompts(model, tokenizer, prompts, options, path, progress),
+    )
 
 
 def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
@@ -215,29 +355,36 @@ def _regenerated(model, tokenizer, conversations, args: argparse.Namespace):
     if args.resume and cache.is_file():
         logger.info("reusing the regenerated replies in %s", cache)
         return load_conversations(cache)
-    from tqdm.auto import tqdm
-
     options = RegenerateOptions(
         args.regen_max_new_tokens, args.regen_temperature, args.max_length, args.seed
     )
-    with tqdm(total=len(conversations), desc="regenerate replies", unit="conv") as bar:
-        regenerated = regenerate_replies(
-            model,
-            tokenizer,
-            conversations,
-            options,
-            progress=lambda done, total: bar.update(done - bar.n),
-        )
+    regenerated = _with_bar(
+        len(conversations),
+        "regenerate replies",
+        lambda progress: regenerate_replies(model, tokenizer, conversations, options, progress),
+    )
     cache.parent.mkdir(parents=True, exist_ok=True)
     lines = (json.dumps({"messages": c}, ensure_ascii=False) for c in regenerated)
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return regenerated
 
 
+def _with_bar(total: int, what: str, work: Callable[[Callable[[int, int], None]], T]) -> T:
+    """``work(progress)`` under a progress bar (with its ETA) that ``progress(done, total)``
+    moves."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=what, unit="seq") as bar:
+        return work(lambda done, _total: bar.update(done - bar.n))
+
+
 def load_target(source: TargetSource, dtype: str, device: torch.device):
-    """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code)."""
+    """A local transformers causal LM + tokenizer, frozen, on ``device`` (no remote code). A
+    GGUF file is read from the conversion an earlier load kept (gguf_cache.py), when there is
+    one: the same weights, without dequantizing them again."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    source = gguf_cache.converted_source(source) or source
     path = source.directory
     if not Path(path).is_dir():
         raise ConfigError(
@@ -254,29 +401,3 @@ def load_target(source: TargetSource, dtype: str, device: torch.device):
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot load the target from {source.display}: {err}") from err
     return model.to(device).eval().requires_grad_(False), tokenizer
-
-
-def make_tau_evaluator(
-    model, tokenizer, prompts: Sequence[list[int]], config: GenerationConfig | None = None
-) -> Callable[[DraftHead], float]:
-    """evaluate(head) -> tau over all held-out prompts (round tokens / rounds, pooled), greedy,
-    through the same engine the app uses. The tree is fixed (auto-tuning off): tau then
-    measures the head, not the machine's timings, and is reproducible."""
-    config = config or GenerationConfig()
-    config = replace(config, tree=replace(config.tree, auto=False))
-    eos_ids = eos_token_ids(model, tokenizer)
-    num_layers = len(decoder_of(model).layers)
-
-    def evaluate(head: DraftHead) -> float:
-        tokens = rounds = 0
-        for prompt in prompts:
-            drafter = EagleDrafter(head, num_layers)
-            runner = TargetRunner(model, drafter.feature_indices)
-            engine = Engine(runner, drafter, stops=StopSpec(eos_ids=frozenset(eos_ids)))
-            events = list(engine.generate(list(prompt), config))
-            summary = next(e for e in reversed(events) if isinstance(e, Finished)).summary
-            tokens += sum(summary.acceptance_lengths)
-            rounds += summary.rounds
-        return average_acceptance_length(tokens, rounds)
-
-    return evaluate

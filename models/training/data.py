@@ -14,6 +14,7 @@ Regenerating the replies with the target teaches the head the target's own distr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -101,35 +102,60 @@ def load_conversations(path: str | Path) -> list[Conversation]:
 _TEXT_KEYS = ("text", "body", "content", "story")
 
 
-def load_documents(path: str | Path, max_chars: int) -> list[Conversation]:
+def load_documents(
+    path: str | Path, max_chars: int, held_out_share: float = 0.0
+) -> list[Conversation]:
     """Plain text for base-model heads: each document becomes one reply-only conversation (every
     token is trained, plain completion), cut at line or sentence ends into pieces of at most
     ``max_chars``. Reads .txt (lines), JSON/JSONL records with a text field, and chat records
-    (their turns joined)."""
+    (their turns joined). The held-out units (:func:`held_out_units`) are left out."""
+    units, plain = document_units(path)
+    kept = [u for u in units if not is_held_out(u, held_out_share)]
+    texts = ["\n".join(kept)] if plain else kept
+    pieces = [chunk for text in texts for chunk in text_chunks(text, max_chars)]
+    if not pieces:
+        raise InputError(f"no text found in {path}")
+    return [[{"role": "assistant", "content": piece}] for piece in pieces]
+
+
+def held_out_units(path: str | Path, share: float) -> list[str]:
+    """The units of a text file never trained on: the lines of a .txt file (a Wikipedia
+    article, a paragraph) or the records of a JSON file (a web page) whose content hash falls in
+    the first ``share`` of the hash range. Chosen by content alone, the split does not depend on
+    the other files, their order or the seed, and whoever reads the file finds the same part."""
+    return [u for u in document_units(path)[0] if is_held_out(u, share)]
+
+
+def is_held_out(unit: str, share: float) -> bool:
+    if share <= 0 or not unit.strip():
+        return False
+    digest = hashlib.sha256(unit.strip().encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64
+
+
+def document_units(path: str | Path) -> tuple[list[str], bool]:
+    """The file's units and whether it is plain text (its units are lines, blank ones kept, to
+    be joined again by newlines) rather than records."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"training data file {path} does not exist")
     raw = path.read_text(encoding="utf-8")
     if path.suffix == ".txt":
-        texts = [raw]
-    else:
-        texts = []
-        for record in _json_records(raw, path) if raw.lstrip()[:1] in "[{" else []:
-            text = next(
-                (
-                    record[k]
-                    for k in _TEXT_KEYS
-                    if isinstance(record, dict) and isinstance(record.get(k), str)
-                ),
-                None,
-            )
-            if text is None:
-                text = "\n".join(m["content"] for m in record_to_conversation(record))
-            texts.append(text)
-    pieces = [chunk for text in texts for chunk in text_chunks(text, max_chars)]
-    if not pieces:
-        raise InputError(f"no text found in {path}")
-    return [[{"role": "assistant", "content": piece}] for piece in pieces]
+        return raw.split("\n"), True
+    texts = []
+    for record in _json_records(raw, path) if raw.lstrip()[:1] in "[{" else []:
+        text = next(
+            (
+                record[k]
+                for k in _TEXT_KEYS
+                if isinstance(record, dict) and isinstance(record.get(k), str)
+            ),
+            None,
+        )
+        if text is None:
+            text = "\n".join(m["content"] for m in record_to_conversation(record))
+        texts.append(text)
+    return texts, False
 
 
 def _json_records(text: str, path: Path) -> list[Any]:

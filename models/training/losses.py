@@ -27,16 +27,54 @@ EAGLE3_STEP_DECAY = 0.8  # TTT step j is weighted 0.8**j
 
 
 @dataclass(slots=True)
+class DraftTargets:
+    """The target's next-token distribution at each position over the head's output columns
+    (its draft vocabulary, or the whole vocabulary), dense or as its top entries only (a feature
+    cache keeps those). Both give the same loss arithmetic: soft cross-entropy and agreement."""
+
+    probs: torch.Tensor  # [B, S, C] dense, or [B, S, k] over ``columns`` (renormalised)
+    columns: torch.Tensor | None  # [B, S, k] long column ids of sparse ``probs``; None = dense
+    argmax: torch.Tensor  # [B, S] long: column of the target's best token among the columns
+    # [B, S] bool: the target's best token of its WHOLE vocabulary is one of the columns
+    in_vocab: torch.Tensor
+
+    def shifted(self) -> DraftTargets:
+        """Positions 1.. (what head position p predicts is the target's output at p+1)."""
+        columns = self.columns[:, 1:] if self.columns is not None else None
+        return DraftTargets(self.probs[:, 1:], columns, self.argmax[:, 1:], self.in_vocab[:, 1:])
+
+    def cross_entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, P, C] head logits -> [B, P]: -sum p log q, in float32."""
+        log_q = torch.log_softmax(logits.float(), dim=-1)
+        if self.columns is not None:
+            log_q = log_q.gather(-1, self.columns)
+        return -(self.probs.float() * log_q).sum(-1)
+
+    def agrees(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, P] bool: the head's top column is the target's best token."""
+        return (logits.argmax(-1) == self.argmax) & self.in_vocab
+
+    def rows(self, mask: torch.Tensor) -> DraftTargets:
+        """The positions where ``mask`` [B, P] holds, as rows [M, ...]."""
+        columns = self.columns[mask] if self.columns is not None else None
+        return DraftTargets(self.probs[mask], columns, self.argmax[mask], self.in_vocab[mask])
+
+    def top(self, k: int) -> DraftTargets:
+        """The ``k`` most likely columns per position, renormalised (from dense targets)."""
+        values, columns = self.probs.topk(min(k, self.probs.shape[-1]), dim=-1)
+        values = values / values.sum(-1, keepdim=True).clamp(min=torch.finfo(values.dtype).tiny)
+        return DraftTargets(values, columns, self.argmax, self.in_vocab)
+
+
+@dataclass(slots=True)
 class TargetBatch:
-    """What the losses need from the frozen target, computed under no_grad."""
+    """What the losses need from the frozen target, computed under no_grad (or read from a
+    feature cache)."""
 
     input_ids: torch.Tensor  # [B, S] long, right-padded
     loss_mask: torch.Tensor  # [B, S] bool, assistant tokens (False on padding)
     features: torch.Tensor  # [B, S, F] captured target features (F = H or 3H)
-    target_logits: torch.Tensor  # [B, S, V] the target's logits, or [B, S, C] (see below)
-    # Target ids of the logits' columns when only those were computed (an EAGLE-3 draft
-    # vocabulary); None = all V columns in vocabulary order.
-    logit_ids: torch.Tensor | None = None
+    targets: DraftTargets  # the target's distribution at each position
 
 
 @dataclass(slots=True)
@@ -58,36 +96,53 @@ class LossOutput:
 @dataclass(frozen=True, slots=True)
 class BatchSpec:
     """How a training batch is asked of the frozen target: the features the head reads, the
-    padding, the length cut and the device; ``logit_ids`` limits the readout to those columns."""
+    padding, the length cut and the device. ``columns`` are the target ids of the head's output
+    columns (its draft vocabulary; None = the whole vocabulary); ``readout_only`` computes the
+    target's logits on those columns alone."""
 
     feature_layers: tuple[int, ...]
     pad_id: int
     max_length: int
     device: torch.device
-    logit_ids: torch.Tensor | None = None
+    columns: torch.Tensor | None = None
+    readout_only: bool = False
 
 
 @torch.no_grad()
 def target_batch(
     target: nn.Module, examples: Sequence[TokenizedExample], spec: BatchSpec
 ) -> TargetBatch:
-    """Pad a batch on the right and run the frozen target once: features and logits.
+    """Pad a batch on the right and run the frozen target once: features and targets.
 
-    With ``spec.logit_ids`` only those columns of the target's readout are computed: for a large
-    vocabulary (Gemma's 262k) the full readout costs more than all decoder layers together.
+    With ``spec.readout_only`` only the head's columns of the target's readout are computed: for
+    a large vocabulary (Gemma's 262k) the full readout costs more than all decoder layers
+    together. Positions whose best token lies outside the columns then train toward the best
+    token among them.
     """
-    device, logit_ids = spec.device, spec.logit_ids
+    device, columns = spec.device, spec.columns
     ids, mask, valid = pad_examples(examples, spec.pad_id, spec.max_length, device)
     with FeatureCapture(target, spec.feature_layers) as capture:
-        if logit_ids is None:
-            logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
-        else:
+        if columns is not None and spec.readout_only:
             hidden = decoder_of(target)(input_ids=ids, attention_mask=valid).last_hidden_state
-            logits = partial_readout(target, hidden, logit_ids).to(device)  # [B, S, C]
+            logits = partial_readout(target, hidden, columns).to(device)  # [B, S, C]
+        else:
+            logits = target(input_ids=ids, attention_mask=valid).logits.to(device)  # [B, S, V]
         features = capture.features().to(device)  # [B, S, F] (a dispatched target may differ)
-    return TargetBatch(
-        input_ids=ids, loss_mask=mask, features=features, target_logits=logits, logit_ids=logit_ids
-    )
+    return TargetBatch(ids, mask, features, dense_targets(logits, columns, spec.readout_only))
+
+
+def dense_targets(
+    logits: torch.Tensor, columns: torch.Tensor | None, readout_only: bool
+) -> DraftTargets:
+    """The target's logits [B, S, V] (or [B, S, C] when ``readout_only``) as targets over the
+    head's columns: softmax over them, which is gather + renormalise."""
+    in_vocab = torch.ones(logits.shape[:-1], dtype=torch.bool, device=logits.device)
+    if columns is not None and not readout_only:
+        index = columns.to(logits.device)
+        in_vocab = torch.isin(logits.argmax(-1), index)
+        logits = logits[..., index]
+    probs = torch.softmax(logits.float(), dim=-1)
+    return DraftTargets(probs, None, probs.argmax(-1), in_vocab)
 
 
 def partial_readout(target: nn.Module, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -113,23 +168,13 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _soft_cross_entropy(target_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """[..., V] x [..., V] -> [...]: -sum p log q, in float32."""
-    return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
-
-
-def _accuracy(agree: torch.Tensor, mask: torch.Tensor) -> float:
-    count = int(mask.sum())
-    return float((agree & mask).sum()) / count if count else 0.0
-
-
 def eagle1_loss(
     head: DraftHead,
     batch: TargetBatch,
     noise: float = 0.2,
     generator: torch.Generator | None = None,
 ) -> LossOutput:
-    """smooth-L1(h_p, f_{p+1}) + 0.1 * CE(softmax(target logits_{p+1}), lm_head(h_p)).
+    """smooth-L1(h_p, f_{p+1}) + 0.1 * CE(target distribution_{p+1}, lm_head(h_p)).
 
     The input features get uniform noise in [-noise/2, noise/2] (the reference's 0.2 -> +-0.1),
     so the head tolerates its own imperfect features when it drafts several steps ahead. The
@@ -148,14 +193,24 @@ def eagle1_loss(
     dtype = head.dtype_device()[0]
     out = head(hidden_in.to(dtype), tokens_in, positions, None, None)  # [B, P, H]
     value = F.smooth_l1_loss(out.float(), features[:, 1:], reduction="none").mean(-1)
-    target_logits = batch.target_logits[:, 1:].float()  # [B, P, V]
-    logits = head.logits(out)
-    prob = _soft_cross_entropy(torch.softmax(target_logits, dim=-1), logits)
-    loss = EAGLE1_VALUE_WEIGHT * _masked_mean(value, mask) + EAGLE1_PROB_WEIGHT * _masked_mean(
-        prob, mask
-    )
-    agree = logits.argmax(-1) == target_logits.argmax(-1)
-    return LossOutput(loss, [_accuracy(agree, mask)], int(mask.sum()))
+    prob, accuracy = readout_loss(head, out, batch.targets.shifted(), mask)
+    loss = EAGLE1_VALUE_WEIGHT * _masked_mean(value, mask) + EAGLE1_PROB_WEIGHT * prob
+    return LossOutput(loss, [accuracy], int(mask.sum()))
+
+
+def readout_loss(
+    head: DraftHead, out: torch.Tensor, targets: DraftTargets, mask: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """Soft cross-entropy of the head's logits against ``targets``, averaged over the positions
+    of ``mask`` [B, P] whose target's best token is one of the head's columns, and the top-1
+    agreement over all of ``mask``. The readout runs on those positions only: padding and
+    positions without loss (a large vocabulary makes the readout most of a step) cost nothing."""
+    rows = targets.rows(mask)
+    logits = head.logits(out[mask])  # [M, C]
+    weight = rows.in_vocab.to(torch.float32)
+    loss = (rows.cross_entropy(logits) * weight).sum() / weight.sum().clamp(min=1.0)
+    count = rows.argmax.numel()
+    return loss, float(rows.agrees(logits).sum()) / count if count else 0.0
 
 
 class _StepKeys:
@@ -212,34 +267,17 @@ def eagle3_loss(head: DraftHead, batch: TargetBatch, ttt_steps: int = 7) -> Loss
     tokens_in = batch.input_ids[:, 1:]  # [B, P]
     count = tokens_in.shape[1]
     base_mask = batch.loss_mask[:, 1:]  # [B, P]
-    target_logits = batch.target_logits[:, 1:]  # [B, P, V]
-    target_argmax = target_logits.argmax(-1)  # [B, P]
-    if batch.logit_ids is not None:  # computed on the draft vocabulary only, in its order
-        target_probs = torch.softmax(target_logits.float(), dim=-1)
-        target_argmax = batch.logit_ids.to(device)[target_argmax]
-        in_vocab = torch.ones_like(base_mask)
-    elif head.config.has_reduced_vocab:
-        draft_to_target = head.to_target_ids(
-            torch.arange(head.config.draft_vocab_size, device=device)
-        )
-        target_probs = torch.softmax(target_logits[..., draft_to_target].float(), dim=-1)
-        in_vocab = head.t2d[target_argmax]
-    else:
-        target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, P, Vd]
-        in_vocab = torch.ones_like(base_mask)
+    targets = batch.targets.shifted()  # over the draft vocabulary
     hidden = head.project(batch.features[:, :-1].to(dtype))  # [B, P, H]
     outputs = ttt_unroll(head, hidden, tokens_in, min(ttt_steps, count))
     total = torch.zeros((), device=device)
     accuracies: list[float] = []
     for step, out in enumerate(outputs):
-        logits = head.logits(out)  # [B, P, Vd]
         root_mask = torch.zeros_like(base_mask)
         root_mask[:, step:] = base_mask[:, : count - step]  # token p-j+1 is an assistant token
-        mask = base_mask & root_mask
-        step_loss = _masked_mean(_soft_cross_entropy(target_probs, logits), mask & in_vocab)
+        step_loss, accuracy = readout_loss(head, out, targets, base_mask & root_mask)
         total = total + EAGLE3_STEP_DECAY**step * step_loss
-        drafted = head.to_target_ids(logits.argmax(-1))
-        accuracies.append(_accuracy(drafted == target_argmax, mask))
+        accuracies.append(accuracy)
     return LossOutput(total, accuracies, int(base_mask.sum()))
 
 

@@ -4,13 +4,14 @@
     # interrupted? the same call with resume=True continues from out/checkpoint-<step>/
 
 Per step: the target runs once under no_grad on a padded batch (features captured by hooks,
-logits kept), then the head's loss (losses.py) is minimised with AdamW on the head's own
-parameters; the embedding (and for EAGLE-1 the lm_head) are the target's, borrowed and frozen.
-Checkpoints are the official head format (config.json + model.safetensors, loadable by
-``models.checkpoints.load_head``) plus ``trainer_state.pt`` (optimizer, scheduler, step, RNG),
-read back with ``weights_only=True``. The data order is a pure function of (seed, step), so the
-step alone is the data position. Tau on held-out prompts comes from an injected ``evaluate``
-callback: the engine lives in backend/, which models/ must not import.
+targets kept), or with ``cache_dir`` its outputs are read from a feature cache that a first pass
+filled (feature_cache.py); then the head's loss (losses.py) is minimised with AdamW on the
+head's own parameters; the embedding (and for EAGLE-1 the lm_head) are the target's, borrowed
+and frozen. Checkpoints (checkpointing.py) hold the head in the official format and everything a
+resume restores. The data order is a pure function of (seed, step), so the step alone is the
+data position. Tau on held-out prompts comes from an injected ``evaluate`` callback (the engine
+lives in backend/, which models/ must not import); with ``eval_every`` its values form a curve
+kept beside the head (eval_curve.py).
 """
 
 from __future__ import annotations
@@ -18,24 +19,27 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
+import sys
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from models.checkpoints import load_head, save_head
-from models.errors import ConfigError, IncompatibleHeadError
+from models.checkpoints import save_head
+from models.errors import ConfigError
 from models.features import decoder_of
 from models.heads.base import DraftHead
-from models.heads.config import HeadKind, head_config_for_target
-from models.heads.eagle3 import MIN_TARGET_LAYERS
-from models.heads.registry import head_class
+from models.heads.config import HeadKind
+from models.training.checkpointing import checkpoint_dirs, restore_checkpoint, save_checkpoint
 from models.training.data import TokenizedExample, batch_indices
-from models.training.draft_vocab import build_draft_vocab, install_draft_vocab, token_counts
+from models.training.eval_curve import CurvePoint, write_curve
+from models.training.fc_scaling import feature_scale, plain_head, scale_fc_inputs
+from models.training.feature_cache import CacheSettings, FeatureCache
+from models.training.head_init import build_head_for_target
 from models.training.losses import (
     BatchSpec,
     LossOutput,
@@ -48,8 +52,7 @@ from models.training.losses import (
 
 logger = logging.getLogger(__name__)
 
-STATE_NAME = "trainer_state.pt"
-CHECKPOINT_PREFIX = "checkpoint-"
+BatchSource = Callable[[list[int]], TargetBatch]  # example indices -> the step's batch
 
 
 @dataclass(slots=True)
@@ -84,6 +87,13 @@ class TrainConfig:
     device: str | None = None  # None = where the target is; "cuda:0", "cpu", ...
     resume: bool = False  # continue from the newest checkpoint in out_dir
     show_progress: bool = True  # tqdm bar on stderr
+    # Keep the target's features and targets here: it then runs once per token, however many
+    # epochs; None = run it for every batch.
+    cache_dir: str | Path | None = None
+    cache_top_k: int = 64  # the target's most likely draft-vocabulary tokens kept per position
+    # What the caller knows about the data (files, regeneration, held-out split): recorded
+    # with the head in training_summary.json and eval_curve.json.
+    about: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -96,6 +106,7 @@ class TrainConfig:
             "lr": self.lr,
             "ttt_steps": self.ttt_steps,
             "max_length": self.max_length,
+            "cache_top_k": self.cache_top_k,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -127,145 +138,31 @@ class TrainResult:
     estimated_tau: float = 1.0
     tau: float | None = None  # final held-out tau (None without an evaluate callback)
     resumed_from: int | None = None
+    curve: list[CurvePoint] = field(default_factory=list)  # held-out tau along the run
+    timing: StepTiming = field(default_factory=lambda: StepTiming())
 
     @property
     def final_loss(self) -> float:
         return self.losses[-1] if self.losses else float("nan")
 
 
-# ---- head construction ------------------------------------------------------------------------
+@dataclass(slots=True)
+class StepTiming:
+    """Where this call's steps spent their time (a resumed run's earlier steps not included)."""
 
+    batches_from: str = "target"  # "target": a forward per step; "cache": read from disk
+    batch_s: float = 0.0  # target forwards, or cache reads
+    head_s: float = 0.0  # the head's loss (its TTT unroll), backward and optimizer step
+    tokens: int = 0  # real (unpadded) tokens in the steps' batches
+    steps: int = 0
+    cache_fill_s: float = 0.0  # the target's one pass that filled the cache (0: found filled)
 
-def build_head_for_target(
-    target: nn.Module, tokenizer, examples: Sequence[TokenizedExample], config: TrainConfig
-) -> DraftHead:
-    """A fresh head shaped for the target, bound to it; EAGLE-3 gets its draft vocabulary."""
-    num_layers = len(decoder_of(target).layers)
-    if config.kind is HeadKind.EAGLE3 and num_layers < MIN_TARGET_LAYERS:
-        raise IncompatibleHeadError(
-            f"an EAGLE-3 head needs a target with at least {MIN_TARGET_LAYERS} layers, "
-            f"this one has {num_layers}",
-            hint="train an EAGLE-1/2 head (--kind eagle1) instead",
-        )
-    vocab_size = target.get_output_embeddings().weight.shape[0]
-    reduced = config.draft_vocab_size if config.draft_vocab_size not in (None, vocab_size) else None
-    head_config = head_config_for_target(
-        target.config,
-        config.kind,
-        draft_vocab_size=reduced,
-        intermediate_size=config.intermediate_size,
-    )
-    with torch.random.fork_rng(devices=[]):  # a seeded init without touching the caller's RNG
-        torch.manual_seed(config.seed)
-        head = head_class(config.kind)(head_config)
-    target_ids = torch.arange(vocab_size)
-    if head_config.has_reduced_vocab:
-        counts = token_counts(((e.input_ids, e.loss_mask) for e in examples), vocab_size)
-        specials = getattr(tokenizer, "all_special_ids", []) if tokenizer is not None else []
-        vocab = build_draft_vocab(counts, head_config.draft_vocab_size, specials)
-        install_draft_vocab(head, vocab)
-        target_ids = vocab.target_ids
-        covered = counts[target_ids].sum() / counts.sum().clamp(min=1)
-        logger.info(
-            "draft vocabulary: %d tokens cover %.1f%% of assistant tokens",
-            vocab.size,
-            100 * float(covered),
-        )
-    if config.kind is HeadKind.EAGLE3 and config.init_from_target:
-        _init_from_target(head, target, target_ids)
-    head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
-    return head
+    def tokens_per_s(self) -> float:
+        seconds = self.batch_s + self.head_s
+        return self.tokens / seconds if seconds > 0 else 0.0
 
-
-@torch.no_grad()
-def _init_from_target(head: DraftHead, target: nn.Module, target_ids: torch.Tensor) -> None:
-    """Start the EAGLE-3 lm_head (and norm) as the target's: the head's output then begins in
-    a space where the target's own readout already works, which speeds up early training."""
-    weight = target.get_output_embeddings().weight
-    if weight.shape[1] == head.lm_head.weight.shape[1]:
-        head.lm_head.weight.copy_(weight[target_ids.to(weight.device)].float())
-    norm = getattr(decoder_of(target), "norm", None)
-    norm_weight = getattr(norm, "weight", None)
-    if norm_weight is not None and norm_weight.shape == head.norm.weight.shape:
-        # The norm's effective gain, whatever its convention (Gemma scales by 1 + weight): an
-        # RMS norm maps the all-ones vector to its gain. A large gain (Gemma's final norm) on a
-        # random head output gives huge random logits, so it is capped.
-        ones = torch.ones(
-            1, norm_weight.shape[0], dtype=norm_weight.dtype, device=norm_weight.device
-        )
-        gain = norm(ones)[0].float()
-        head.norm.weight.copy_(gain / gain.abs().mean().clamp(min=1.0))
-
-
-# ---- input scaling ----------------------------------------------------------------------------
-
-
-class _DividedColumns(nn.Module):
-    """fc.weight = trained / scale (per input channel): the head trains as if its features were
-    divided by their typical size, yet its fc is an ordinary Linear on the raw features.
-
-    Some targets' residual streams are large (Gemma's reach the hundreds, with outlier channels
-    far beyond): an fc output of that size swamps the midlayer's residual updates and the head
-    stops learning. Dividing the trained weight instead of the input keeps the optimizer's steps
-    in proportion to each column."""
-
-    def __init__(self, scale: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("scale", scale)
-
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight / self.scale
-
-    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight * self.scale
-
-
-def feature_scale(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-channel RMS of target features [B, S, F] over real tokens after the first (attention
-    sinks carry outliers), never below 1: small features are left as they are."""
-    valid = mask.clone()
-    valid[:, 0] = False
-    rows = features[valid] if valid.any() else features.flatten(0, 1)
-    return rows.float().pow(2).mean(0).sqrt().clamp(min=1.0)
-
-
-def scale_fc_inputs(head: DraftHead, scale: torch.Tensor) -> None:
-    """Train ``head.fc`` through :class:`_DividedColumns`; its fresh initialisation is kept as
-    the trained weight, so the scaled features start at the usual size."""
-    from torch.nn.utils import parametrize
-
-    initial = head.fc.weight.detach().clone()
-    parametrize.register_parametrization(
-        head.fc, "weight", _DividedColumns(scale.to(initial.device, initial.dtype))
-    )
-    head.fc.parametrizations.weight.original.data.copy_(initial)
-
-
-def plain_head(head: DraftHead) -> DraftHead:
-    """The head with an ordinary fc (the official format), for saving and evaluation copies."""
-    if not hasattr(head.fc, "parametrizations"):
-        return head
-    plain = head_class(head.kind)(head.config).to(head.fc.weight.device)
-    state = {k: v for k, v in head.state_dict().items() if ".parametrizations." not in k}
-    state["fc.weight"] = head.fc.weight.detach().clone()
-    plain.load_state_dict(state, strict=True)
-    plain.bind_target(head.embedding, head._borrowed.get("lm_head"))
-    return plain
-
-
-def load_plain_state(head: DraftHead, state: dict[str, torch.Tensor]) -> None:
-    """Load an ordinary state dict into a head whose fc may be trained through scaled columns."""
-    if not hasattr(head.fc, "parametrizations"):
-        head.load_state_dict(state, strict=True)
-        return
-    fc_weight = state["fc.weight"]
-    rest = {k: v for k, v in state.items() if k != "fc.weight"}
-    expected = {k for k in head.state_dict() if ".parametrizations." not in k} - {"fc.weight"}
-    if set(rest) != expected:
-        raise ConfigError("checkpoint keys do not match the head being trained")
-    head.load_state_dict(rest, strict=False)
-    scale = head.fc.parametrizations.weight[0].scale
-    head.fc.parametrizations.weight.original.data.copy_(fc_weight.to(scale.device) * scale)
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s(), 2)}
 
 
 # ---- schedule ---------------------------------------------------------------------------------
@@ -281,44 +178,6 @@ def warmup_cosine(total: int, warmup: int, min_ratio: float) -> Callable[[int], 
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     return factor
-
-
-# ---- checkpoints ------------------------------------------------------------------------------
-
-
-def checkpoint_dirs(out_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints in ``out_dir``, oldest first."""
-    found = []
-    for path in Path(out_dir).glob(f"{CHECKPOINT_PREFIX}*"):
-        suffix = path.name[len(CHECKPOINT_PREFIX) :]
-        if suffix.isdigit() and (path / STATE_NAME).is_file():
-            found.append((int(suffix), path))
-    return sorted(found)
-
-
-def _save_checkpoint(out_dir: Path, step: int, head: DraftHead, state: dict, keep: int) -> Path:
-    final = out_dir / f"{CHECKPOINT_PREFIX}{step}"
-    partial = out_dir / f".{CHECKPOINT_PREFIX}{step}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    save_head(plain_head(head), partial)
-    torch.save(state, partial / STATE_NAME)
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)  # a checkpoint dir exists only once complete
-    for _, old in checkpoint_dirs(out_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    logger.info("saved checkpoint %s", final)
-    return final
-
-
-def _restore(path: Path, head: DraftHead) -> dict:
-    loaded = load_head(path)
-    if loaded.config.to_dict() != head.config.to_dict():
-        raise ConfigError(
-            f"checkpoint {path} holds a different head than this run would train",
-            hint="resume with the same kind, draft vocabulary size and target",
-        )
-    load_plain_state(head, loaded.state_dict())
-    return torch.load(path / STATE_NAME, map_location="cpu", weights_only=True)
 
 
 # ---- the loop ---------------------------------------------------------------------------------
@@ -350,9 +209,6 @@ def train_head(
         _resume(run, existing[-1][1])
     elif config.resume:
         logger.info("no checkpoint in %s: starting from step 0", out_dir)
-    if run.head.config.has_reduced_vocab and config.draft_readout_only:
-        draft_ids = torch.arange(run.head.config.draft_vocab_size, device=run.batches.device)
-        run.batches = replace(run.batches, logit_ids=run.head.to_target_ids(draft_ids))
     run.bar = _progress_bar(config, run.total, run.result.steps)
     try:
         _train_steps(run)
@@ -362,8 +218,12 @@ def train_head(
     result = run.result
     head = result.head = plain_head(run.head)  # the official format from here on
     save_head(head, out_dir)
-    if evaluate is not None:
+    if evaluate is not None and result.tau is None:  # no step ran: a finished run resumed
         result.tau = _evaluate(head, evaluate)
+        if not result.curve or result.curve[-1].step != result.steps:
+            run.add_point(result.tau, result.estimated_tau)
+    if result.curve:
+        write_curve(out_dir, result.curve, _curve_about(config))
     _write_summary(out_dir, config, result)
     return result
 
@@ -373,15 +233,15 @@ class _Run:
     """One ``train_head`` call's moving parts, from the first step to the last."""
 
     config: TrainConfig
-    target: nn.Module
     examples: Sequence[TokenizedExample]
     head: DraftHead
-    batches: BatchSpec
+    source: BatchSource
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     noise_rng: torch.Generator
     result: TrainResult
     total: int
+    tokens_seen: int = 0  # real tokens of every step so far, resumed ones included
     bar: Any = None
     progress_callback: Callable[[TrainProgress], None] | None = None
     evaluate: Callable[[DraftHead], float] | None = None
@@ -396,15 +256,28 @@ class _Run:
             "noise_rng": self.noise_rng.get_state(),
             "torch_rng": torch.get_rng_state(),
             "losses": list(self.result.losses),
+            "tokens_seen": self.tokens_seen,
+            "curve": [asdict(point) for point in self.result.curve],
         }
         out_dir, keep = Path(self.config.out_dir), self.config.keep_checkpoints
-        _save_checkpoint(out_dir, self.result.steps, self.head, state, keep)
+        save_checkpoint(out_dir, self.result.steps, self.head, state, keep)
+
+    def add_point(self, tau: float, estimated_tau: float) -> None:
+        """A point of the held-out curve at the current step (loss: the mean since the last)."""
+        result = self.result
+        since = result.curve[-1].step if result.curve else 0
+        window = result.losses[since:] or result.losses[-1:]
+        loss = sum(window) / len(window) if window else float("nan")
+        point = CurvePoint(result.steps, self.tokens_seen, tau, loss, estimated_tau)
+        result.curve.append(point)
+        write_curve(self.config.out_dir, result.curve, _curve_about(self.config))
 
 
 def _start(
     target: nn.Module, tokenizer, examples: Sequence[TokenizedExample], config: TrainConfig
 ) -> _Run:
-    """The frozen target on its device, a fresh head for it, the optimizer and the schedule."""
+    """The frozen target on its device, a fresh head for it, where batches come from (the
+    target, or its feature cache, filled first), the optimizer and the schedule."""
     device = (
         torch.device(config.device)
         if config.device
@@ -414,11 +287,11 @@ def _start(
         target.to(device)
     target.eval().requires_grad_(False)
     head = build_head_for_target(target, tokenizer, examples, config).to(device).train()
-    feature_layers = head.feature_layers(len(decoder_of(target).layers))
-    batches = BatchSpec(feature_layers, pad_id_of(tokenizer), config.max_length, device)
+    spec = _batch_spec(target, tokenizer, head, config, device)
+    result = TrainResult(head=head, out_dir=Path(config.out_dir), steps=0)
+    source = _batch_source(target, examples, spec, config, result.timing)
     if head.kind is HeadKind.EAGLE3:
-        first = batch_indices(len(examples), config.batch_size, 0, config.seed)
-        sample = target_batch(target, [examples[i] for i in first], batches)
+        sample = source(batch_indices(len(examples), config.batch_size, 0, config.seed))
         scale_fc_inputs(head, feature_scale(sample.features, sample.loss_mask))
     total = config.steps or math.ceil(config.epochs * len(examples) / config.batch_size)
     warmup = config.warmup_steps if config.warmup_steps is not None else max(1, total // 20)
@@ -430,33 +303,85 @@ def _start(
         optimizer, warmup_cosine(total, warmup, config.min_lr_ratio)
     )
     noise_rng = torch.Generator(device=device).manual_seed(config.seed)
-    result = TrainResult(head=head, out_dir=Path(config.out_dir), steps=0)
-    return _Run(
-        config, target, examples, head, batches, optimizer, scheduler, noise_rng, result, total
+    return _Run(config, examples, head, source, optimizer, scheduler, noise_rng, result, total)
+
+
+def _batch_spec(
+    target: nn.Module, tokenizer, head: DraftHead, config: TrainConfig, device: torch.device
+) -> BatchSpec:
+    """What each batch asks of the target: the head's features, and its columns."""
+    feature_layers = head.feature_layers(len(decoder_of(target).layers))
+    columns = None
+    if head.config.has_reduced_vocab:
+        draft_ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device)
+        columns = head.to_target_ids(draft_ids).to(device)
+    return BatchSpec(
+        feature_layers,
+        pad_id_of(tokenizer),
+        config.max_length,
+        device,
+        columns=columns,
+        readout_only=config.draft_readout_only and columns is not None,
     )
 
 
+def _batch_source(
+    target: nn.Module,
+    examples: Sequence[TokenizedExample],
+    spec: BatchSpec,
+    config: TrainConfig,
+    timing: StepTiming,
+) -> BatchSource:
+    """Batches from the target itself, or from the feature cache (filled here where needed)."""
+    if config.cache_dir is None:
+        return lambda picked: target_batch(target, [examples[i] for i in picked], spec)
+    settings = CacheSettings(config.cache_dir, config.cache_top_k, config.batch_size)
+    cache = FeatureCache.open_or_fill(settings, target, examples, spec, _announcer(config))
+    timing.batches_from, timing.cache_fill_s = "cache", cache.fill_s
+    logger.info(
+        "feature cache %s: the kept entries hold %.1f%% of the target's probability",
+        config.cache_dir,
+        100 * cache.kept_mass,
+    )
+    return cache.batch
+
+
+def _announcer(config: TrainConfig) -> Callable[[str], None]:
+    """Messages a person at the terminal should see (on stderr beside the progress bars)."""
+
+    def announce(message: str) -> None:
+        logger.info(message)
+        if config.show_progress:
+            print(message, file=sys.stderr)
+
+    return announce
+
+
 def _resume(run: _Run, path: Path) -> None:
-    """Continue from the checkpoint at ``path``: weights, optimizer, schedule, RNGs, losses."""
-    state = _restore(path, run.head)
+    """Continue from the checkpoint at ``path``: weights, optimizer, schedule, RNGs, history."""
+    state = restore_checkpoint(path, run.head)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.noise_rng.set_state(state["noise_rng"])
     torch.set_rng_state(state["torch_rng"])
     run.result.losses = list(state["losses"])
     run.result.steps = run.result.resumed_from = int(state["step"])
+    run.tokens_seen = int(state.get("tokens_seen", 0))
+    run.result.curve = [CurvePoint(**point) for point in state.get("curve", [])]
     logger.info("resumed from %s (step %d of %d)", path, run.result.steps, run.total)
 
 
 def _train_steps(run: _Run) -> None:
     """Steps from where the run stands to the end; Ctrl+C saves a checkpoint at that step."""
-    config, result = run.config, run.result
+    config, result, timing = run.config, run.result, run.result.timing
     params = [p for group in run.optimizer.param_groups for p in group["params"]]
     updating = False  # True while the weights and the optimizer state disagree
     try:
         for step in range(result.steps, run.total):
             picked = batch_indices(len(run.examples), config.batch_size, step, config.seed)
-            batch = target_batch(run.target, [run.examples[i] for i in picked], run.batches)
+            started = time.perf_counter()
+            batch = run.source(picked)
+            loaded = time.perf_counter()
             output = _loss(run.head, batch, config, run.noise_rng)
             run.optimizer.zero_grad(set_to_none=True)
             output.loss.backward()
@@ -467,11 +392,19 @@ def _train_steps(run: _Run) -> None:
             run.scheduler.step()
             result.steps = done = step + 1
             updating = False
+            tokens = sum(min(len(run.examples[i].input_ids), config.max_length) for i in picked)
+            run.tokens_seen += tokens
+            timing.batch_s += loaded - started
+            timing.head_s += time.perf_counter() - loaded
+            timing.tokens, timing.steps = timing.tokens + tokens, timing.steps + 1
             result.losses.append(float(output.loss.detach()))
             result.accuracies, result.estimated_tau = output.accuracies, output.estimated_tau()
             tau = None
-            if run.evaluate is not None and config.eval_every and done % config.eval_every == 0:
-                tau = _evaluate(run.head, run.evaluate) if done < run.total else None
+            due = config.eval_every and done % config.eval_every == 0
+            if run.evaluate is not None and (due or done == run.total):
+                tau = _evaluate(run.head, run.evaluate)  # the last one is the head's final tau
+                run.add_point(tau, result.estimated_tau)
+                result.tau = tau if done == run.total else None
             _report(run, output, tau)
             due = config.checkpoint_every and done % config.checkpoint_every == 0
             if due or (config.checkpoint_every and done == run.total):
@@ -544,17 +477,30 @@ def _report(run: _Run, output: LossOutput, tau: float | None) -> None:
         run.progress_callback(progress)
 
 
-def _write_summary(out_dir: Path, config: TrainConfig, result: TrainResult) -> None:
-    """training_summary.json next to the head: how it was trained and what it reached."""
+def _settings(config: TrainConfig) -> dict[str, Any]:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     settings["kind"] = config.kind.value
+    return settings
+
+
+def _curve_about(config: TrainConfig) -> dict[str, Any]:
+    """What eval_curve.json records beside its points: the run's settings and data."""
+    settings = _settings(config)
+    about = settings.pop("about")
+    title = f"{config.kind.value} head: held-out tau while training"
+    return {"title": title, "data": about, "config": settings}
+
+
+def _write_summary(out_dir: Path, config: TrainConfig, result: TrainResult) -> None:
+    """training_summary.json next to the head: how it was trained and what it reached."""
     summary = {
-        "config": settings,
+        "config": _settings(config),
         "steps": result.steps,
         "final_loss": result.final_loss,
         "teacher_forced_accuracy": result.accuracies,
         "estimated_tau": result.estimated_tau,
         "held_out_tau": result.tau,
         "resumed_from": result.resumed_from,
+        "timing": result.timing.to_json(),
     }
     (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -17,9 +17,10 @@ from backend.errors import ConfigError
 from backend.frontends import train_cli
 from models.checkpoints import load_head
 from models.heads.layers import causal_bias
+from models.training.checkpointing import STATE_NAME
 from models.training.data import TokenizedExample
 from models.training.losses import ttt_unroll
-from models.training.trainer import STATE_NAME, TrainConfig, TrainProgress, train_head
+from models.training.trainer import TrainConfig, TrainProgress, train_head
 from tests.factories import easy_llama_pair, tiny_head, tiny_target, tiny_tokenizer
 
 PROMPT_LEN = 4
@@ -229,13 +230,12 @@ def test_cli_trains_regenerates_and_reports_tau(tmp_path, capsys, monkeypatch):
 def test_large_features_train_through_scaled_fc_columns_and_save_plain(easy_target) -> None:
     """Targets with large residual streams: fc is trained on features divided by their
     per-channel size, yet saved as an ordinary fc that gives the same outputs on raw features."""
-    from models.training.trainer import (
+    from models.training.fc_scaling import (
         feature_scale,
         load_plain_state,
         plain_head,
         scale_fc_inputs,
     )
-    from tests.factories import tiny_head
 
     head = tiny_head("eagle3", easy_target)
     features = torch.randn(2, 9, head.fc.in_features) * torch.linspace(
