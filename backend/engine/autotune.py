@@ -156,8 +156,10 @@ class TreePolicy:
         for arm, stats, calibrated, covered in self._rows:  # priors build up from small arms
             tokens = stats.tokens[hit and arm.context > 0]
             prior = self._prior(arm, covered, known)
-            known.append(tokens.mean if tokens.count else prior)
-            drawn = _drawn(tokens, prior, PRIOR_SPREAD, luck) if arm.drafts else 1.0
+            # round by round an arm accepts at least what the arms it covers accept
+            floor = max((known[small] for small, _ in covered), default=1.0)
+            known.append(max(tokens.mean if tokens.count else prior, floor))
+            drawn = max(_drawn(tokens, prior, PRIOR_SPREAD, luck), floor) if arm.drafts else 1.0
             seed = calibrated * ratio
             speed = drawn / max(_drawn(stats.seconds, seed, 0.0, -luck), seed / 10)
             if speed > best_speed:

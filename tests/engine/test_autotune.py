@@ -172,6 +172,18 @@ def test_drafts_that_always_hold_reach_a_deep_arm_within_a_few_rounds() -> None:
     assert min(depths[4:]) >= 6, depths
 
 
+def test_one_bad_round_of_a_deep_chain_does_not_shut_it_out() -> None:
+    """A deep arm learns only from the rounds it runs; the arms it covers learn from every one.
+    Its estimate never falls below theirs, so a bad first round is outlived."""
+    policy = head_policy(GPU_LIKE)  # where deep arms pay
+    deepest = max((s for s in policy.heads if s.top_k == 1), key=lambda s: s.depth)
+    nothing = {None: 0, **{s: 0 for s in policy.heads if covers(deepest, s)}}
+    policy.observe(Arm(deepest), nothing, [], [1, 2, 3], 3, policy.calibrated_s(Arm(deepest)))
+    world = World(policy, first=0.97)
+    chosen = world.run(150)  # second guesses never hold: the deepest chain is the best arm
+    assert sum(arm == Arm(deepest) for arm in chosen[-50:]) >= 20, Counter(chosen[-50:])
+
+
 def test_context_drafts_drop_out_when_they_stop_holding_and_come_back() -> None:
     """Text that repeats for a while between stretches that do not: context drafts join within
     a few rounds of each repetition and leave within a few rounds after it."""
