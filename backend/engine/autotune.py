@@ -113,16 +113,7 @@ class TreePolicy:
         # how many times deeper its head is than theirs, when that is all it adds (see _prior)
         self._order = sorted(self.arms, key=lambda a: (_shape(a.head), a.context, a.chains))
         self._rows = [
-            (
-                a,
-                self.stats[a],
-                self._calibrated[a],
-                [
-                    (self._order.index(c), _growth(c, a))
-                    for c in _largest_covered(a, self._order[:i])
-                    if c.drafts
-                ],
-            )
+            (a, self.stats[a], self._calibrated[a], self._covered(i))
             for i, a in enumerate(self._order)
         ]
         self.ratio = FadingMean(mean=1.0)  # real / calibrated round time
@@ -170,6 +161,11 @@ class TreePolicy:
         """The arm's replayed tokens after a context hit or miss (default: the last round's)."""
         hit = self.hit if hit is None else hit
         return self.stats[arm].tokens[bool(hit and arm.context)]
+
+    def _covered(self, i: int) -> list[tuple[int, float | None]]:
+        arm = self._order[i]
+        covered = _largest_covered(arm, self._order[:i])
+        return [(self._order.index(c), _growth(c, arm)) for c in covered if c.drafts]
 
     @staticmethod
     def _prior(arm: Arm, covered: list[tuple[int, float | None]], known: list[float]) -> float:
