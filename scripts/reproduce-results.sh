@@ -49,7 +49,7 @@ suite() {
                 --no-prompt-lookup "${COLD[@]}" ;;
         gemma-repeats-t1)
             bench "$1" --pair gemma3-270m --prompts repeats --limit 8 --drafts both head \
-                --temperature 1 --seeds 3 --no-prompt-lookup "${COLD[@]}" ;;
+                --temperature 1 --seeds 3 --no-prompt-lookup --cold-runs 1 --repeats 1 ;;
         gemma-nohead-repeats)
             bench "$1" --pair gemma3-270m --no-head --prompts repeats --limit 8 \
                 --no-prompt-lookup "${COLD[@]}" ;;

@@ -109,8 +109,6 @@ class TreePolicy:
         self.stats = {arm: ArmStats() for arm in self.arms}
         self.heads = sorted({a.head for a in self.arms if a.head}, key=lambda s: s.total_tokens)
         self._calibrated = {arm: self.calibrated_s(arm) for arm in self.arms}
-        # smaller arms first, each with the positions of its largest covered drafting arms and
-        # how many times deeper its head is than theirs, when that is all it adds (see _prior)
         self._order = sorted(self.arms, key=lambda a: (_shape(a.head), a.context, a.chains))
         self._rows = [
             (a, self.stats[a], self._calibrated[a], self._covered(i))
@@ -138,17 +136,20 @@ class TreePolicy:
         return cls(costs, [Arm(h, c, k) for h in heads for c, k in contexts])
 
     # ---- choosing ------------------------------------------------------------------------
-    def choose(self) -> Arm:
+    def choose(self, candidates: bool = True) -> Arm:
         """The arm with the most tokens per second, both drawn ``luck`` standard deviations
-        off their posterior means (more tokens, fewer seconds)."""
+        off their posterior means (more tokens, fewer seconds); without context ``candidates``
+        only arms without context drafts."""
         luck, ratio, hit = self._random.gauss(0.0, 1.0), self.ratio.mean, self.hit
         known: list[float] = []  # per arm in order: its mean, else its prior
         best, best_speed = self.arms[0], 0.0
         for arm, stats, calibrated, covered in self._rows:  # priors build up from small arms
+            if arm.context and not candidates:  # only context arms cover it: none runs
+                known.append(0.0)
+                continue
             tokens = stats.tokens[hit and arm.context > 0]
             prior = self._prior(arm, covered, known)
-            # round by round an arm accepts at least what the arms it covers accept
-            floor = max((known[small] for small, _ in covered), default=1.0)
+            floor = max((known[small] for small, _ in covered), default=1.0)  # it accepts more
             known.append(max(tokens.mean if tokens.count else prior, floor))
             drawn = max(_drawn(tokens, prior, PRIOR_SPREAD, luck), floor) if arm.drafts else 1.0
             seed = calibrated * ratio
@@ -159,20 +160,19 @@ class TreePolicy:
 
     def tokens(self, arm: Arm, hit: bool | None = None) -> FadingMean:
         """The arm's replayed tokens after a context hit or miss (default: the last round's)."""
-        hit = self.hit if hit is None else hit
-        return self.stats[arm].tokens[bool(hit and arm.context)]
+        return self.stats[arm].tokens[bool((self.hit if hit is None else hit) and arm.context)]
 
     def _covered(self, i: int) -> list[tuple[int, float | None]]:
+        """The positions of arm ``i``'s largest covered drafting arms, and how many times
+        deeper its head is than theirs when that is all it adds (see _prior)."""
         arm = self._order[i]
         covered = _largest_covered(arm, self._order[:i])
         return [(self._order.index(c), _growth(c, arm)) for c in covered if c.drafts]
 
     @staticmethod
     def _prior(arm: Arm, covered: list[tuple[int, float | None]], known: list[float]) -> float:
-        """The arm's prior mean: the most that the drafting arms it covers accept (``known``:
-        their means, or their priors where they have none), grown to its head's depth when it
-        only deepens theirs (context drafts are replayed at every length); else PRIOR_ACCEPT
-        per draft."""
+        """The arm's prior mean: the most that the drafting arms it covers accept (``known``),
+        grown to its head's depth when it only deepens theirs; else PRIOR_ACCEPT per draft."""
         best = 0.0
         for small, growth in covered:
             best = max(best, 1.0 + (known[small] - 1.0) * growth if growth else known[small])
@@ -204,11 +204,13 @@ class TreePolicy:
         seconds: float | None,
     ) -> None:
         """One round: its time (None: no lesson on time), the head replays, and the context
-        candidates that the text from ``start`` on will score."""
+        candidates that the text from ``start`` on will score (context arms run only on rounds
+        with candidates, so they learn from those alone)."""
         if seconds is not None:
             self.stats[arm].seconds.add(seconds)
             self.ratio.add(seconds / self._calibrated[arm])
-        self._pending.append(_Pending(start, candidates, replayed, self.hit, set(self._by_option)))
+        options = set(self._by_option) if candidates else {(0, 0)}
+        self._pending.append(_Pending(start, candidates, replayed, self.hit, options))
         self.hit = bool(candidates) and len(text) > start and text[start] == candidates[0][0]
         self.settle(text)
 

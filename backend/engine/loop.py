@@ -140,18 +140,20 @@ class Decoding:
         """One verification round, emitted as its event."""
         self.read_prompt()  # a driver that did not read it after the prefill: here, then
         t0 = now(self.target.device)
+        candidates, start = self._context_candidates()  # the context's continuations of it
         if self.policy is not None:
-            arm = self.policy.choose()
+            arm = self.policy.choose(bool(candidates))
         else:
             arm = Arm(self.config.tree if self.drafter is not None else None)
         with cpu_threads(self.round_threads.of(arm.drafts)):
-            return self._round(t0, arm)
+            return self._round(t0, arm, candidates, start)
 
-    def _round(self, t0: float, arm: Arm) -> RoundCompleted:
+    def _round(
+        self, t0: float, arm: Arm, candidates: list[tuple[int, ...]], start: int
+    ) -> RoundCompleted:
         device = self.target.device
         head_tree = self._draft(arm.head)  # 1. the head's tree rooted at the last token, and
-        candidates, start = self._context_candidates()  # the context's continuations after it
-        tree = head_tree
+        tree = head_tree  # the context's candidates merged in
         if arm.context and candidates:
             tree = head_tree.with_chains([c[: arm.context] for c in candidates[: arm.chains]])
         t1 = now(device)

@@ -241,6 +241,21 @@ def test_context_candidates_are_scored_once_the_text_decides() -> None:
     assert policy.tokens(Arm(None, 4, 2), hit=False).count == 2
 
 
+def test_context_arms_run_and_learn_only_on_rounds_with_candidates() -> None:
+    """Without candidates a context arm drafts what its head alone drafts: its rounds would
+    price it as cheap as that and teach nothing about what its context drafts are worth."""
+    alone = TreePolicy.for_decoding(CPU_LIKE, sampled=False, has_head=False)  # no head
+    assert all(alone.choose(candidates=False) == Arm() for _ in range(100))
+    assert any(alone.choose(candidates=True).context for _ in range(100))
+    policy = TreePolicy.for_decoding(CPU_LIKE, sampled=False, has_head=True, drafts="both")
+    text = [1, 2, 3, 4]
+    replayed = {None: 0, **{s: 1 for s in policy.heads}}
+    policy.observe(Arm(), replayed, [], text, start=4, seconds=0.01)
+    policy.settle(text + [5, 6], final=True)
+    assert policy.tokens(Arm(policy.heads[0]), hit=False).count == 1
+    assert all(policy.tokens(arm, hit=False).count == 0 for arm in policy.arms if arm.context)
+
+
 def test_an_arm_not_run_is_priced_by_calibration_times_the_machines_ratio() -> None:
     policy = head_policy(CPU_LIKE)
     tree = TreeConfig(total_tokens=4, depth=3, top_k=1)
