@@ -175,7 +175,8 @@ PARSERS = subparsers()
 
 def test_the_docs_have_commands_to_check() -> None:
     readme = [c for c in COMMANDS if c.where.startswith("README.md")]
-    assert len(readme) >= 10, readme
+    assert len(readme) >= 5, readme  # the quick start's commands are found
+    assert len(COMMANDS) >= 30  # and the docs' commands
     assert any(is_cheap(c) for c in COMMANDS)
 
 

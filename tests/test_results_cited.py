@@ -30,7 +30,9 @@ def test_every_folder_a_doc_names_exists() -> None:
 
 
 def test_every_results_folder_is_named_by_a_doc() -> None:
-    folders = {path.name for path in RESULTS.iterdir() if path.is_dir()} if RESULTS.is_dir() else set()
+    folders = (
+        {path.name for path in RESULTS.iterdir() if path.is_dir()} if RESULTS.is_dir() else set()
+    )
     unnamed = sorted(folders - set(cited()))
     assert not unnamed, f"results folders no doc names (delete them or cite them): {unnamed}"
 
