@@ -12,7 +12,7 @@ import torch
 
 import launch
 from models.checkpoints import load_head
-from models.training.trainer import STATE_NAME
+from models.training.checkpointing import STATE_NAME
 from tests.gpu.device import DEVICE, HEAD_KINDS, ON_DEVICE
 from tests.services.conftest import SavedPairs
 
