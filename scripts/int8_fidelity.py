@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from backend.bench.fidelity import compare  # noqa: E402
 from backend.bench.prompts import load_prompts  # noqa: E402
-from backend.services.int8_loading import load_int8  # noqa: E402
+from backend.services.int8_loading import calibration_sequences, load_int8  # noqa: E402
 from backend.services.target_source import local_source, packaged_model_path  # noqa: E402
 from backend.services.validate import read_target_config, text_config  # noqa: E402
 
@@ -35,7 +35,9 @@ def main() -> int:
     reference = AutoModelForCausalLM.from_pretrained(
         source.directory, dtype=torch.float32, **source.pretrained_kwargs()
     ).eval()
-    quantized = load_int8(source, text_config(read_target_config(path))).model
+    quantized = load_int8(
+        source, text_config(read_target_config(path)), calibration_sequences(tokenizer)
+    ).model
     prompts = load_prompts(args.text, args.passages, args.passage_chars)
     sequences = [tokenizer(p.text).input_ids for p in prompts]
     result = compare(quantized, reference, sequences)

@@ -16,6 +16,18 @@ Each swapped linear keeps its int8 values as its ``weight`` (a tied weight stays
 embedding reads it) and the packed matrix beside it (``int8_weight``). The swap goes through
 linear_swaps.py: restorable (the weights come back as float), and refusing casts, moves and
 in-place updates, which would leave the packed matrix stale.
+
+Precision: a row quantized by its one peak spends its 8 bits on a few large channels and rounds
+the rest coarsely, in weights (per output row) and activations (per input row) alike. Two fixed
+transforms keep the bulk fine while changing nothing about exactness:
+- smoothing: each input channel gets a constant factor, multiplied into the weight's column
+  before quantization and divided out of the input (SmoothQuant); the factor balances the
+  column's weight peak against the channel's input peak from a calibration pass
+  (:func:`input_peaks`), or against 1 without one;
+- spikes: each input row is clipped at ``SPIKE_SHARE`` of its peak and quantized by that bound;
+  what sticks out of the clip (a few channels) goes in a second row, quantized by its own peak.
+  Both rows go through the same kernel call and their outputs are added: each depends on its
+  row alone.
 """
 
 from __future__ import annotations
@@ -32,6 +44,9 @@ from models.features import decoder_of
 WEIGHT_LEVELS = 127  # int8 weights in [-127, 127]: symmetric, one scale per row
 ACTIVATION_SCALE = 1.0 / 127  # an input row divided by its peak lies in [-1, 1] ...
 ZERO_POINT = 128  # ... and quantizes to [1, 255] (uint8, as fbgemm's activations are)
+SMOOTHING = 0.5  # a channel's range goes to inputs and weights as peak**a and peak**(1-a)
+SPIKE_SHARE = 1 / 8  # inputs are clipped at this share of their row's peak; the excess gets a row
+TINY = torch.finfo(torch.float32).tiny  # the peak of an all-zero row (any positive value works)
 CHUNK_ROWS = 16384  # weight rows quantized at once: a large readout never needs a float copy
 ENGINE = "x86"  # torch's quantized engine whose linear runs on fbgemm
 
@@ -41,13 +56,31 @@ def available() -> bool:
     return ENGINE in torch.backends.quantized.supported_engines
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 values [N, K], float32 scales [N]): each row scaled so its peak is WEIGHT_LEVELS."""
+def smoothing_factors(weight: torch.Tensor, input_peak: torch.Tensor | None) -> torch.Tensor:
+    """Per input channel, the factor its weight column is multiplied by (and its input divided
+    by): channels whose inputs run large lend range to their weights, and small columns grow."""
+    columns = torch.zeros(weight.shape[1], dtype=torch.float32)
+    with torch.no_grad():
+        for start in range(0, weight.shape[0], CHUNK_ROWS):
+            rows = weight[start : start + CHUNK_ROWS].float().abs().amax(dim=0)
+            columns = torch.maximum(columns, rows)
+    inputs = torch.ones_like(columns) if input_peak is None else input_peak.float()
+    factors = inputs.clamp(min=1e-5) ** SMOOTHING / columns.clamp(min=1e-5) ** (1 - SMOOTHING)
+    return factors.clamp(min=1e-5)
+
+
+def quantize_rows(
+    weight: torch.Tensor, factors: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values [N, K], float32 scales [N]) of ``weight * factors`` (columns scaled): each
+    row scaled so its peak is WEIGHT_LEVELS."""
     values = torch.empty(weight.shape, dtype=torch.int8)
     scales = torch.empty(weight.shape[0], dtype=torch.float32)
     with torch.no_grad():
         for start in range(0, weight.shape[0], CHUNK_ROWS):
             rows = weight[start : start + CHUNK_ROWS].float()
+            if factors is not None:
+                rows = rows * factors
             scale = rows.abs().amax(dim=1) / WEIGHT_LEVELS
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             values[start : start + CHUNK_ROWS] = torch.round(rows / scale[:, None]).to(torch.int8)
@@ -65,37 +98,72 @@ def pack(values: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
         return torch.ops.quantized.linear_prepack(quantized, None)
 
 
-def int8_product(x: torch.Tensor, packed: torch.ScriptObject) -> torch.Tensor:
-    """``x [M, K] float32 @ W.T`` through the packed int8 matrix, each row on its own."""
-    peak = x.abs().amax(dim=-1, keepdim=True)  # [M, 1]
-    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+def int8_product(
+    x: torch.Tensor,
+    packed: torch.ScriptObject,
+    divisors: torch.Tensor | None = None,
+    spikes: bool = False,
+) -> torch.Tensor:
+    """``x [M, K] float32 @ W.T`` through the packed int8 matrix, each row on its own:
+    ``divisors`` undo the weight's smoothing; ``spikes`` quantizes a row's large values apart."""
+    if divisors is not None:
+        x = x * divisors
+    peak = x.abs().amax(dim=-1, keepdim=True).clamp_(min=TINY)  # a max is exact in any order
+    if not spikes:
+        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x / peak, ACTIVATION_SCALE, ZERO_POINT, packed
+        )
+        return out.mul_(peak)
+    # the row clipped to +-bound, quantized by bound; what sticks out, quantized by its own peak
+    bound = peak * SPIKE_SHARE
+    clipped = torch.minimum(torch.maximum(x, -bound), bound)
+    excess_peak = peak - bound
+    rows = x.shape[0]
+    both = torch.empty((2 * rows, x.shape[1]), dtype=x.dtype)
+    torch.div(clipped, bound, out=both[:rows])
+    torch.sub(x, clipped, out=both[rows:]).div_(excess_peak)
     out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        x / peak, ACTIVATION_SCALE, ZERO_POINT, packed
+        both, ACTIVATION_SCALE, ZERO_POINT, packed
     )
-    return out.mul_(peak)
+    return out[:rows].mul_(bound).add_(out[rows:].mul_(excess_peak))
 
 
 def int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The swapped forward: any leading shape, float32 activations."""
     rows = x.numel() // x.shape[-1]
-    out = int8_product(x.reshape(rows, x.shape[-1]).float(), self.int8_weight)
+    flat = x.reshape(rows, x.shape[-1]).float()
+    out = int8_product(flat, self.int8_weight, self.int8_divisors, self.int8_spikes)
     if self.bias is not None:
         out = out.add_(self.bias)
     return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 def quantize_linear(
-    linear: nn.Linear, weight: torch.Tensor | None = None, tied: bool = False
+    linear: nn.Linear,
+    weight: torch.Tensor | None = None,
+    tied: bool = False,
+    input_peak: torch.Tensor | None = None,
+    spikes: bool = True,
 ) -> None:
     """Swap ``linear`` to its int8 form, quantized from ``weight`` (default: its own; pass the
-    float tensor when ``linear``'s is still on ``meta``). ``tied``: its weight is shared with
-    another module (the embedding) and stays float; otherwise it becomes the int8 values."""
+    float tensor when ``linear``'s is still on ``meta`` or is already int8). ``tied``: its
+    weight is shared with another module (the embedding) and stays float; otherwise it becomes
+    the int8 values. ``input_peak``: its inputs' per-channel peaks from calibration, for the
+    smoothing. ``spikes``: quantize large input values in a row of their own (a readout skips
+    it: its product is the largest, and most of the gain is in the decoder)."""
+    linear_swaps.unswap(linear)  # a re-quantization starts from the float form
     source = linear.weight if weight is None else weight
-    values, scales = quantize_rows(source.detach())
+    factors = smoothing_factors(source.detach(), input_peak)
+    values, scales = quantize_rows(source.detach(), factors)
     packed = pack(values, scales)
     if not tied:
         linear.weight = nn.Parameter(values, requires_grad=False)
-    attributes = {"int8_weight": packed, "int8_scale": scales}
+    attributes = {
+        "int8_weight": packed,
+        "int8_scale": scales,
+        "int8_divisors": 1.0 / factors,
+        "int8_spikes": spikes,
+    }
     linear_swaps.swap(
         linear,
         int8_forward,
@@ -107,12 +175,38 @@ def quantize_linear(
 
 
 def _dequantize(linear: nn.Linear) -> None:
-    """The undo of an untied int8 swap: float32 weights from the int8 values and their scales."""
+    """The undo of an untied int8 swap: float32 weights from the int8 values, their row scales
+    and the columns' smoothing."""
     scale = linear.__dict__.get("int8_scale")
+    divisors = linear.__dict__.get("int8_divisors")
     weight = linear.weight
     if scale is None or weight.dtype != torch.int8:
         return
-    linear.weight = nn.Parameter(weight.float() * scale[:, None], requires_grad=False)
+    restored = weight.float() * scale[:, None] * divisors[None, :]
+    linear.weight = nn.Parameter(restored, requires_grad=False)
+
+
+def input_peaks(
+    model: nn.Module, linears: list[nn.Linear], calibration: list[list[int]]
+) -> dict[nn.Linear, torch.Tensor]:
+    """Each linear's largest input magnitude per channel while ``model`` reads each token
+    sequence of ``calibration`` (each one from its start, as prompts are read)."""
+    peaks: dict[nn.Linear, torch.Tensor] = {}
+
+    def record(module: nn.Module, args: tuple) -> None:
+        seen = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(dim=0).float()
+        known = peaks.get(module)
+        peaks[module] = seen if known is None else torch.maximum(known, seen)
+
+    hooks = [linear.register_forward_pre_hook(record) for linear in linears]
+    try:
+        with torch.inference_mode():
+            for token_ids in calibration:
+                model(input_ids=torch.tensor([token_ids]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return peaks
 
 
 def is_int8(linear: nn.Module) -> bool:
@@ -120,20 +214,39 @@ def is_int8(linear: nn.Module) -> bool:
     return record is not None and record.forward is int8_forward
 
 
-def quantize_model(model: nn.Module) -> int:
-    """Every float ``nn.Linear`` of the decoder layers and the readout in int8 (a readout tied
-    to the embedding keeps its float weight, which the embedding reads), and attention that is
-    exact across batch sizes too (exact_attention.py). Returns how many linears."""
-    use_exact_attention(model)
-    readout = model.get_output_embeddings()
-    tied = readout.weight is model.get_input_embeddings().weight
-    linears = [
+def quantized_linears(model: nn.Module) -> list[nn.Linear]:
+    """The linears an int8 target quantizes: the decoder layers' and the readout (last)."""
+    decoder = [
         module
         for layer in decoder_of(model).layers
         for module in layer.modules()
-        if type(module) is nn.Linear and module.weight.is_floating_point()
+        if type(module) is nn.Linear
     ]
-    for linear in linears:
-        quantize_linear(linear)
-    quantize_linear(readout, tied=tied)
-    return len(linears) + 1
+    return [*decoder, model.get_output_embeddings()]
+
+
+def quantize_model(model: nn.Module, calibration: list[list[int]] | None = None) -> int:
+    """Every float ``nn.Linear`` of the decoder layers and the readout in int8 (a readout tied
+    to the embedding keeps its float weight, which the embedding reads), and attention that is
+    exact across batch sizes too (exact_attention.py). With ``calibration`` (token sequences), the smoothing
+    uses input peaks measured by the int8 model itself reading them, as a tensor-by-tensor load
+    does (int8_loading.py), so both give the same weights. Returns how many linears."""
+    use_exact_attention(model)
+    readout = model.get_output_embeddings()
+    tied = readout.weight is model.get_input_embeddings().weight
+    decoder = [
+        linear for linear in quantized_linears(model)[:-1] if linear.weight.is_floating_point()
+    ]
+    floats = {linear: linear.weight for linear in [*decoder, readout]}
+
+    def quantize_all(peaks: dict[nn.Linear, torch.Tensor]) -> None:
+        for linear in decoder:
+            quantize_linear(linear, floats[linear], input_peak=peaks.get(linear))
+        quantize_linear(
+            readout, floats[readout], tied=tied, input_peak=peaks.get(readout), spikes=False
+        )
+
+    quantize_all({})
+    if calibration:
+        quantize_all(input_peaks(model, [*decoder, readout], calibration))
+    return len(decoder) + 1

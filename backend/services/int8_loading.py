@@ -24,12 +24,18 @@ from torch import nn
 
 from backend.engine import int8_linear
 from backend.engine.exact_attention import use_exact_attention
-from backend.engine.int8_linear import quantize_linear, quantize_model
+from backend.engine.int8_linear import (
+    input_peaks,
+    quantize_linear,
+    quantize_model,
+)
 from backend.errors import ConfigError
 from backend.services.target_source import TargetSource
 from models.features import decoder_of
 
 logger = logging.getLogger(__name__)
+
+CALIBRATION_TEXT = Path(__file__).resolve().parents[2] / "assets" / "int8_calibration.txt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,33 +44,50 @@ class Int8Load:
     description: str  # what was re-quantized and how, for the load info
 
 
-def load_int8(source: TargetSource, config: Any) -> Int8Load:
-    """The target at ``source`` with every decoder linear and the readout in int8."""
+def calibration_sequences(tokenizer: Any) -> list[list[int]]:
+    """The bundled calibration text (prose, dialogue, facts, a list, code, a table), one token
+    sequence per paragraph."""
+    paragraphs = CALIBRATION_TEXT.read_text(encoding="utf-8").split("\n\n")
+    return [list(tokenizer(text).input_ids) for text in paragraphs if text.strip()]
+
+
+def load_int8(
+    source: TargetSource, config: Any, calibration: list[list[int]] | None = None
+) -> Int8Load:
+    """The target at ``source`` with every decoder linear and the readout in int8; with
+    ``calibration`` (token sequences), smoothed by the input peaks measured on them."""
     if not int8_linear.available():
         raise ConfigError(
             "int8 quantization needs torch's x86 quantized engine (fbgemm), which this build lacks",
             hint="load without quantization",
         )
-    loaded = _load(source, config)
+    loaded = _load(source, config, calibration)
     logger.info("int8 target: %s", loaded.description)
     return loaded
 
 
-def _load(source: TargetSource, config: Any) -> Int8Load:
+def _load(source: TargetSource, config: Any, calibration: list[list[int]] | None) -> Int8Load:
+    """Pass one places every tensor with plain int8 linears; with calibration text, that model
+    reads it, and pass two re-reads the linears' tensors to quantize them smoothed."""
     from transformers import AutoModelForCausalLM
 
     if source.is_gguf:
+        path = Path(source.display)
         model = _empty_model(config)
-        stored = _fill(model, _gguf_tensors(Path(source.display), model))
-        return Int8Load(model, _describe(model, f"GGUF {_formats(stored)}"))
+        stored = _fill(model, _gguf_tensors(path, model))
+        if calibration:
+            _smooth(model, _gguf_tensors(path, model), calibration)
+        return Int8Load(model, _describe(model, f"GGUF {_formats(stored)}", calibration))
     shards = sorted(Path(source.directory).glob("*.safetensors"))
     if shards:
         model = _empty_model(config)
         stored = _fill(model, _safetensors_tensors(shards))
-        return Int8Load(model, _describe(model, _formats(stored)))
+        if calibration:
+            _smooth(model, _safetensors_tensors(shards), calibration)
+        return Int8Load(model, _describe(model, _formats(stored), calibration))
     model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32).eval()
-    quantize_model(model)
-    return Int8Load(model, _describe(model, "float32 (loaded whole, then quantized)"))
+    quantize_model(model, calibration)
+    return Int8Load(model, _describe(model, "float32 (loaded whole, then quantized)", calibration))
 
 
 def _empty_model(config: Any) -> nn.Module:
@@ -116,7 +139,7 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
         name = renamed.get(name, name)
         linear = quantized.get(name)
         if linear is not None:
-            quantize_linear(linear, tensor)
+            quantize_linear(linear, tensor, spikes=linear is not model.get_output_embeddings())
             stored[form] += 1
             continue
         module_name, _, leaf = name.rpartition(".")
@@ -132,7 +155,7 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
     readout = model.get_output_embeddings()
     if _tied(model):  # share the embedding's weight, then quantize
         readout.weight = model.get_input_embeddings().weight
-        quantize_linear(readout, tied=True)
+        quantize_linear(readout, tied=True, spikes=False)
         stored["tied to the embedding"] += 1
     use_exact_attention(model)
     missing = [name for name, p in model.named_parameters() if p.device.type == "meta"]
@@ -143,6 +166,23 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
             hint="load without --quantize int8 to let transformers read this checkpoint",
         )
     return stored
+
+
+def _smooth(
+    model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]], calibration: list[list[int]]
+) -> None:
+    """Re-quantize every int8 linear from its stored tensor, smoothed by the input peaks the
+    model measures while reading ``calibration`` (as int8_linear.quantize_model does)."""
+    quantized = _quantized_linears(model)
+    readout = model.get_output_embeddings()
+    peaks = input_peaks(model, [*quantized.values(), readout], calibration)
+    renamed = _stored_names(model)
+    for name, tensor, _ in tensors:
+        linear = quantized.get(renamed.get(name, name))
+        if linear is not None:
+            quantize_linear(linear, tensor, input_peak=peaks[linear], spikes=linear is not readout)
+    if _tied(model):
+        quantize_linear(readout, readout.weight, tied=True, input_peak=peaks[readout], spikes=False)
 
 
 def _safetensors_tensors(shards: list[Path]) -> Iterator[tuple[str, torch.Tensor, str]]:
@@ -184,9 +224,14 @@ def _formats(stored: Counter) -> str:
     return ", ".join(f"{form} ({count})" for form, count in stored.most_common())
 
 
-def _describe(model: nn.Module, stored: str) -> str:
+def _describe(model: nn.Module, stored: str, calibration: list[list[int]] | None) -> str:
     count = sum(1 for module in model.modules() if "int8_weight" in module.__dict__)
+    smoothing = (
+        f"smoothed by input peaks on {sum(map(len, calibration))} calibration tokens"
+        if calibration
+        else "smoothed by weight peaks (no calibration text)"
+    )
     return (
-        f"{count} linears re-quantized to int8 (per-row scales) from {stored}; "
+        f"{count} linears re-quantized to int8 (per-row scales, {smoothing}) from {stored}; "
         "embedding and norms in float32"
     )

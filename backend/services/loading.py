@@ -50,7 +50,7 @@ from backend.errors import ConfigError, EagleChatError, ResourceError
 from backend.events import PairInfo, Progress
 from backend.services import calibration_cache, gguf_cache, tuning_cache
 from backend.services.dtypes import resolve_dtype
-from backend.services.int8_loading import load_int8
+from backend.services.int8_loading import calibration_sequences, load_int8
 from backend.services.planning import available_ram
 from backend.services.prompting import format_label, resolve_format, stop_spec
 from backend.services.target_source import TargetSource, local_source, locate
@@ -194,7 +194,8 @@ def _load_target(
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
         if config.quantization == "int8":
-            loaded = load_int8(source, text_config(prepared.target_config))
+            config_text = text_config(prepared.target_config)
+            loaded = load_int8(source, config_text, calibration_sequences(tokenizer))
             return tokenizer, loaded.model, loaded.description
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
     if source.is_gguf and gguf_cache.worth_keeping(model):

@@ -80,18 +80,83 @@ def test_the_int8_product_is_close_to_the_float_one() -> None:
     assert error < 0.02, error
 
 
+def test_restore_gives_back_the_float_weight_up_to_rounding() -> None:
+    torch.manual_seed(1)
+    linear = nn.Linear(128, 64)
+    original = linear.weight.detach().clone()
+    quantize_linear(linear, input_peak=torch.rand(128) * 10)
+    # half a rounding step of the smoothed row, divided back by the column's factor
+    bound = linear.int8_scale[:, None] / 2 * linear.int8_divisors[None, :] * (1 + 1e-5)
+    restore(linear)
+    assert ((linear.weight - original).abs() <= bound).all()
+    assert not torch.equal(linear.weight, original)
+
+
+def rows_with_outlier_channels(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs [16, 256] whose channels 3 and 70 run 60x larger, as in real decoders, their
+    per-channel peaks, a weight [512, 256])."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 256, generator=generator)
+    x[:, [3, 70]] *= 60.0
+    weight = torch.randn(512, 256, generator=generator) / 16
+    return x, x.abs().amax(dim=0), weight
+
+
+def product_error(x: torch.Tensor, weight: torch.Tensor, **how) -> float:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight.data.copy_(weight)
+    expected = x @ weight.T
+    quantize_linear(linear, **how)
+    with torch.inference_mode():
+        return float((linear(x) - expected).norm() / expected.norm())
+
+
+def test_smoothing_and_spikes_each_make_outlier_channels_cheaper() -> None:
+    x, peaks, weight = rows_with_outlier_channels(seed=5)
+    plain = product_error(x, weight, spikes=False)
+    smoothed = product_error(x, weight, input_peak=peaks, spikes=False)
+    both = product_error(x, weight, input_peak=peaks, spikes=True)
+    assert smoothed < 0.7 * plain, (smoothed, plain)
+    assert both < smoothed, (both, smoothed)
+    assert product_error(x, weight, spikes=True) < 0.7 * plain
+
+
+def test_input_peaks_are_each_channel_s_largest_input_over_every_sequence() -> None:
+    model = tiny_target("llama", num_layers=2)
+    quantize_model(model)
+    linear = model.model.layers[1].mlp.down_proj
+    seen: list[torch.Tensor] = []
+    hook = linear.register_forward_pre_hook(lambda module, args: seen.append(args[0][0]))
+    sequences = [[1, 5, 9, 2], [7, 7, 3]]
+    peaks = int8_linear.input_peaks(model, [linear], sequences)
+    hook.remove()
+    assert len(seen) == 2
+    assert torch.equal(peaks[linear], torch.cat(seen).abs().amax(dim=0))
+
+
+def test_calibration_sets_the_smoothing_and_keeps_rows_exact() -> None:
+    plain, calibrated = tiny_target("mistral", num_layers=2), tiny_target("mistral", num_layers=2)
+    quantize_model(plain)
+    quantize_model(calibrated, calibration=[[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]])
+    q_plain = plain.model.layers[0].self_attn.q_proj
+    q_calibrated = calibrated.model.layers[0].self_attn.q_proj
+    assert not torch.equal(q_plain.int8_divisors, q_calibrated.int8_divisors)
+    for index, linear in enumerate(m for m in calibrated.modules() if is_int8(m)):
+        assert_rows_exact(linear, rows_to_check(linear.in_features, seed=100 + index))
+
+
 def test_a_tied_readout_keeps_its_float_weight_and_restore_brings_back_float() -> None:
     model = tiny_target("llama")
     model.lm_head.weight = model.get_input_embeddings().weight  # tied, as in Gemma
     quantize_model(model)
     assert model.lm_head.weight.dtype == torch.float32 and is_int8(model.lm_head)
     down = model.model.layers[0].mlp.down_proj
-    values, scale = down.weight.clone(), down.int8_scale
+    values, scale, divisors = down.weight.clone(), down.int8_scale, down.int8_divisors
     assert values.dtype == torch.int8
     assert restore(model) == 7 * model.config.num_hidden_layers + 1
     assert not any(is_int8(m) or "int8_weight" in m.__dict__ for m in model.modules())
     assert down.weight.dtype == torch.float32
-    torch.testing.assert_close(down.weight, values.float() * scale[:, None])
+    torch.testing.assert_close(down.weight, values.float() * scale[:, None] * divisors[None, :])
     with torch.inference_mode():
         model(input_ids=torch.tensor([[1, 2, 3]]))  # the stock model runs again
 

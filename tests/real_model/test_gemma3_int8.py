@@ -1,5 +1,6 @@
-"""The real Gemma 3 270M in int8 (``--quantize int8``): read from its Q4_K_M GGUF file tensor by
-tensor into the same int8 model as transformers' float load followed by the int8 swap; every
+"""The real Gemma 3 270M in int8 (``--quantize int8``), smoothed with the bundled calibration text
+as the app loads it: read from its Q4_K_M GGUF file tensor by tensor into the same int8 model as
+transformers' float load followed by the int8 swap; every
 layer's rows exact at 1, 8 and 32 rows on the model's own activations; greedy EAGLE with the
 trained head identical to vanilla decoding of the int8 model."""
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from backend.config import TreeConfig
 from backend.engine.int8_linear import is_int8, quantize_model
-from backend.services.int8_loading import load_int8
+from backend.services.int8_loading import calibration_sequences, load_int8
 from backend.services.loading import bind_head
 from backend.services.target_source import local_source
 from backend.services.validate import read_target_config, text_config
@@ -40,14 +41,6 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def int8_gemma(gguf_path):
-    source = local_source(gguf_path)
-    loaded = load_int8(source, text_config(read_target_config(gguf_path)))
-    assert "from GGUF" in loaded.description and "Q4_K" in loaded.description
-    return loaded.model
-
-
-@pytest.fixture(scope="module")
 def tokenizer(gguf_path):
     from transformers import AutoTokenizer
 
@@ -55,20 +48,33 @@ def tokenizer(gguf_path):
     return AutoTokenizer.from_pretrained(source.directory, **source.pretrained_kwargs())
 
 
-def test_tensor_by_tensor_equals_transformers_load_then_swap(gguf_path, int8_gemma) -> None:
+@pytest.fixture(scope="module")
+def int8_gemma(gguf_path, tokenizer):
+    source = local_source(gguf_path)
+    config = text_config(read_target_config(gguf_path))
+    loaded = load_int8(source, config, calibration_sequences(tokenizer))
+    assert "from GGUF" in loaded.description and "Q4_K" in loaded.description
+    assert "calibration tokens" in loaded.description
+    return loaded.model
+
+
+def test_tensor_by_tensor_equals_transformers_load_then_swap(
+    gguf_path, int8_gemma, tokenizer
+) -> None:
     from transformers import AutoModelForCausalLM
 
     source = local_source(gguf_path)
     reference = AutoModelForCausalLM.from_pretrained(
         source.directory, dtype=torch.float32, **source.pretrained_kwargs()
     ).eval()
-    quantize_model(reference)
+    quantize_model(reference, calibration_sequences(tokenizer))
     ours = dict(int8_gemma.named_modules())
     checked = 0
     for name, module in reference.named_modules():
         if is_int8(module):
             assert torch.equal(ours[name].weight, module.weight), name
             assert torch.equal(ours[name].int8_scale, module.int8_scale), name
+            assert torch.equal(ours[name].int8_divisors, module.int8_divisors), name
             checked += 1
     assert checked == 7 * 18 + 1
     for name, parameter in reference.named_parameters():

@@ -62,9 +62,13 @@ def test_the_models_tab_offers_int8_and_marks_it_where_recommended() -> None:
     assert Backend().recommended_quantization() == expected
 
 
-def test_a_tied_checkpoint_stored_under_one_name_loads_tensor_by_tensor(tmp_path) -> None:
+@pytest.mark.parametrize("calibration", [None, [[3, 1, 4, 1, 5, 9], [2, 6, 5]]])
+def test_a_tied_checkpoint_stored_under_one_name_loads_tensor_by_tensor(
+    tmp_path, calibration
+) -> None:
     """safetensors keeps one name for the shared embedding/readout tensor (a kept GGUF
-    conversion is saved that way): it still fills the embedding, and the readout shares it."""
+    conversion is saved that way): it still fills the embedding, and the readout shares it.
+    With calibration text, the second pass smooths as quantize_model does."""
     from copy import deepcopy
 
     from safetensors.torch import save_model
@@ -79,8 +83,8 @@ def test_a_tied_checkpoint_stored_under_one_name_loads_tensor_by_tensor(tmp_path
     model.lm_head.weight = model.model.embed_tokens.weight
     save_model(model, str(tmp_path / "model.safetensors"))
     expected = deepcopy(model)
-    quantize_model(expected)
-    loaded = load_int8(TargetSource(str(tmp_path)), model.config).model
+    quantize_model(expected, calibration)
+    loaded = load_int8(TargetSource(str(tmp_path)), model.config, calibration).model
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
     ids = torch.tensor([[3, 1, 4, 1, 5]])
