@@ -9,12 +9,13 @@ SHARED=${EAGLECHAT_SHARED:-../shared}
 PY=.venv/bin/python
 TREES=(8/4/2 12/5/3 16/5/4 16/5/10 32/6/8 chain6)
 PROSE=$SHARED/data/tinystories/tinystories_val.txt
+WIKI=$SHARED/data/llamafactory/wiki_demo.txt
 COLD=(--cold-runs 3 --repeats 1)
 ONCE=(--cold-runs 1 --repeats 1)  # the slowest Gemma suites: one cold run (tens of minutes each)
 GEMMA_TREES=(12/5/3 chain6)
 NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats random-head long-prompts gemma-trees
        gemma-repeats-t0 gemma-nohead-repeats gemma-nohead-prose gemma-int8
-       official-eagle-demo-eagle3)
+       gemma-int8-wiki official-eagle-demo-eagle3)
 # Also known, run only when named (no current table rests on them): demo-partial-trees,
 # gemma-repeats-t1.
 
@@ -63,6 +64,10 @@ suite() {
         gemma-int8)
             bash scripts/side-venvs.sh llama-cpp
             bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$PROSE" \
+                --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
+        gemma-int8-wiki)
+            bash scripts/side-venvs.sh llama-cpp
+            bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$WIKI" \
                 --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
         official-eagle-demo-eagle3)  # the reference code is fetched, not installed
             bash scripts/side-venvs.sh eagle-reference

@@ -76,14 +76,16 @@ def _load(source: TargetSource, config: Any, calibration: list[list[int]] | None
         model = _empty_model(config)
         stored = _fill(model, _gguf_tensors(path, model))
         if calibration:
-            _smooth(model, _gguf_tensors(path, model), calibration)
+            wanted = set(_quantized_linears(model))
+            _smooth(model, _gguf_tensors(path, model, wanted), calibration)
         return Int8Load(model, _describe(model, f"GGUF {_formats(stored)}", calibration))
     shards = sorted(Path(source.directory).glob("*.safetensors"))
     if shards:
         model = _empty_model(config)
         stored = _fill(model, _safetensors_tensors(shards))
         if calibration:
-            _smooth(model, _safetensors_tensors(shards), calibration)
+            wanted = set(_quantized_linears(model))
+            _smooth(model, _safetensors_tensors(shards, wanted), calibration)
         return Int8Load(model, _describe(model, _formats(stored), calibration))
     model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32).eval()
     quantize_model(model, calibration)
@@ -185,19 +187,27 @@ def _smooth(
         quantize_linear(readout, readout.weight, tied=True, input_peak=peaks[readout], spikes=False)
 
 
-def _safetensors_tensors(shards: list[Path]) -> Iterator[tuple[str, torch.Tensor, str]]:
+def _safetensors_tensors(
+    shards: list[Path], wanted: set[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """Each stored tensor (only those named in ``wanted``, when given)."""
     from safetensors import safe_open
 
     for shard in shards:
         with safe_open(str(shard), framework="pt") as handle:
             for name in handle.keys():
+                if wanted is not None and name not in wanted:
+                    continue
                 tensor = handle.get_tensor(name)
                 yield name, tensor, str(tensor.dtype).removeprefix("torch.")
 
 
-def _gguf_tensors(path: Path, model: nn.Module) -> Iterator[tuple[str, torch.Tensor, str]]:
+def _gguf_tensors(
+    path: Path, model: nn.Module, wanted: set[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor, str]]:
     """Each GGUF tensor dequantized, renamed and re-laid out as transformers' GGUF loading
-    does (its tensor processors and name map)."""
+    does (its tensor processors and name map). With ``wanted`` (parameter names), a tensor
+    whose name maps outside it is skipped before it is dequantized."""
     import numpy as np
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import (
@@ -212,9 +222,12 @@ def _gguf_tensors(path: Path, model: nn.Module) -> Iterator[tuple[str, torch.Ten
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     names = get_gguf_hf_weights_map(model, processor)
     for tensor in reader.tensors:
+        known = names.get(tensor.name)  # a processor may rename; then only its result tells
+        if wanted is not None and known is not None and known not in wanted:
+            continue
         weights = dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names)
-        if result.name not in names:
+        if result.name not in names or (wanted is not None and names[result.name] not in wanted):
             continue
         values = torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
         yield names[result.name], values, tensor.tensor_type.name
