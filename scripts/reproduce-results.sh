@@ -10,14 +10,14 @@ PY=.venv/bin/python
 TREES=(8/4/2 12/5/3 16/5/4 16/5/10 32/6/8 chain6)
 PROSE=$SHARED/data/tinystories/tinystories_val.txt
 WIKI=$SHARED/data/llamafactory/wiki_demo.txt
+LOOPING_PROMPT="The printing press changed how ideas travelled across Europe. Before it, books were copied by hand"
 COLD=(--cold-runs 3 --repeats 1)
 ONCE=(--cold-runs 1 --repeats 1)  # the slowest Gemma suites: one cold run (tens of minutes each)
 GEMMA_TREES=(12/5/3 chain6)
 NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats random-head long-prompts gemma-trees
-       gemma-repeats-t0 gemma-nohead-repeats gemma-nohead-prose gemma-int8
-       gemma-int8-wiki official-eagle-demo-eagle3)
-# Also known, run only when named (no current table rests on them): demo-partial-trees,
-# gemma-repeats-t1.
+       gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats gemma-nohead-prose gemma-int8
+       gemma-int8-wiki gemma-race-loop official-eagle-demo-eagle3)
+# Also known, run only when named (no current table rests on it): demo-partial-trees.
 
 bench() {  # NAME ARGS...: one bench command into bench-results/NAME
     local name=$1
@@ -69,13 +69,28 @@ suite() {
             bash scripts/side-venvs.sh llama-cpp
             bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$WIKI" \
                 --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
+        gemma-race-loop)  # the app's race on a prose opening that greedy Gemma repeats
+            rm -rf "bench-results/$1"
+            mkdir -p "bench-results/$1"
+            $PY launch.py generate --pair gemma3-270m --race --json --max-new-tokens 256 \
+                --prompt "$LOOPING_PROMPT" > "bench-results/$1/race.json"
+            $PY - "bench-results/$1/race.json" > "bench-results/$1/race.md" <<'REPORT'
+import json, sys
+race = json.load(open(sys.argv[1]))
+eagle, vanilla = race["eagle"], race["vanilla"]
+print(f"Race, Gemma 3 270M with its head: EAGLE {eagle['tokens_per_s']:.1f} tok/s, vanilla "
+      f"{vanilla['tokens_per_s']:.1f} tok/s, speedup {race['speedup']:.2f}x, "
+      f"{'identical' if race['identical'] else 'different'} ({eagle['new_tokens']} tokens; "
+      f"accepted drafts: {eagle['accepted_context']} context, {eagle['accepted_head']} head)")
+REPORT
+            cat "bench-results/$1/race.md" ;;
         official-eagle-demo-eagle3)  # the reference code is fetched, not installed
             bash scripts/side-venvs.sh eagle-reference
             rm -rf "bench-results/$1"
             $PY -m tests.interop.reference_speed --eagle-source "${EAGLE_SOURCE:?set EAGLE_SOURCE to a SafeAILab/EAGLE checkout}" \
                 --target assets/demo/target --head assets/demo/head-eagle3 --turns 3 \
                 --out "bench-results/$1" ;;
-        *) echo "unknown result $1 (known: ${NAMES[*]} demo-partial-trees gemma-repeats-t1)" >&2
+        *) echo "unknown result $1 (known: ${NAMES[*]} demo-partial-trees)" >&2
            return 2 ;;
     esac
 }

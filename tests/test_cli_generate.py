@@ -79,6 +79,24 @@ def test_json_output_and_identity(saved_pair, head_name) -> None:
     assert vanilla["tau"] == 1.0
 
 
+def test_race_runs_both_lanes_and_says_whether_the_texts_are_identical(saved_pair) -> None:
+    target, _, head3 = saved_pair
+    common = ["generate", "--target", str(target), "--head", str(head3), "--prompt", "hello"]
+    raced = cli(*common, "--max-new-tokens", "20", "--race", "--json")
+    assert raced.returncode == 0, raced.stderr
+    data = json.loads(raced.stdout.strip().splitlines()[-1])
+    assert data["identical"] is True and data["first_divergence"] is None
+    assert data["vanilla"]["token_ids"] == data["eagle"]["token_ids"]
+    assert data["vanilla"]["tau"] == 1.0 and data["eagle"]["new_tokens"] <= 20
+    expected = data["eagle"]["tokens_per_s"] / data["vanilla"]["tokens_per_s"]
+    assert data["speedup"] == pytest.approx(expected, rel=1e-6)
+    spoken = cli(*common, "--max-new-tokens", "12", "--race")
+    assert spoken.returncode == 0, spoken.stderr
+    assert "[race] vanilla" in spoken.stderr and "texts identical" in spoken.stderr
+    refused = cli(*common, "--race", "--raw")
+    assert refused.returncode == 2 and "drop --raw" in refused.stderr
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -2,6 +2,7 @@
 
 python launch.py generate --target PATH --head PATH --prompt "Hello" --json
 python launch.py generate --pair demo --prompt "Count to ten" --stop "5" --stop "five"
+python launch.py generate --pair gemma3-270m --prompt "The printing press" --race --json
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from backend.config import (
 )
 from backend.engine.device import choose_device
 from backend.errors import ConfigError, EagleChatError
-from backend.events import Finished, GenerationFailed, RoundCompleted, to_dict
+from backend.events import Finished, GenerationFailed, RaceFinished, RoundCompleted, to_dict
 from backend.frontends.flags import (
     add_flags,
     add_loading_flags,
@@ -55,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tree_flags(parser)
     add_loading_flags(parser)
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
+    parser.add_argument(
+        "--race",
+        action="store_true",
+        help="vanilla and EAGLE on the same prompt, as the app's race: speeds and whether the "
+        "texts are identical",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
@@ -121,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     messages = [{"role": "user", "content": args.prompt}]
+    if args.race:
+        return _race(backend, messages, generation, args)
     summary = None
     for event in backend.stream(messages, generation, system_prompt=args.system, raw=args.raw):
         if isinstance(event, GenerationFailed):
@@ -144,4 +153,35 @@ def run(args: argparse.Namespace) -> int:
             f"stop: {summary.stop_reason}",
             file=sys.stderr,
         )
+    return 0
+
+
+def _race(backend: Backend, messages: list, generation: GenerationConfig, args) -> int:
+    """The app's race from the command line: both lanes timed by their own compute."""
+    if args.raw:
+        raise ConfigError("--race uses the pair's prompt format", hint="drop --raw")
+    finished = None
+    for event in backend.race(messages, generation, system_prompt=args.system):
+        if isinstance(event, GenerationFailed):
+            raise EagleChatError(event.message, event.hint, event.code)
+        if isinstance(event, RaceFinished):
+            finished = event
+    assert finished is not None
+    if args.json:
+        data = to_dict(finished)
+        data.pop("event", None)
+        print(json.dumps(data))
+        return 0
+    print(finished.eagle.text)
+    verdict = (
+        "identical"
+        if finished.identical
+        else f"different from new token {finished.first_divergence}"
+    )
+    print(
+        f"[race] vanilla {finished.vanilla.tokens_per_s:.1f} tokens/s, EAGLE "
+        f"{finished.eagle.tokens_per_s:.1f} tokens/s ({finished.speedup:.2f}x, tau "
+        f"{finished.eagle.tau:.2f}); texts {verdict}",
+        file=sys.stderr,
+    )
     return 0

@@ -7,14 +7,22 @@ and either re-quantized into its linear's int8 form or kept as a float32 paramet
 next one is read. GGUF names and layouts are mapped by transformers' own GGUF tables, so the
 result equals transformers' GGUF loading followed by the int8 swap.
 
+With calibration text, each linear is smoothed by the input peaks the model shows reading it
+(int8_linear.py). Measuring them needs a model, so the first load of some files places every
+tensor, reads the text, and then reads the linears' tensors a second time to quantize them
+smoothed; the peaks are kept in the cache (``$EAGLECHAT_CACHE_DIR/int8-peaks``), and later loads
+of the same files quantize each linear smoothed as it is read, in one pass.
+
 Other checkpoint formats (``pytorch_model.bin``) load in float32 and are quantized afterwards.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +38,15 @@ from backend.engine.int8_linear import (
     quantize_model,
 )
 from backend.errors import ConfigError
+from backend.services.cache_home import cache_home, key_digest
+from backend.services.calibration_cache import files_fingerprint
 from backend.services.target_source import TargetSource
 from models.features import decoder_of
 
 logger = logging.getLogger(__name__)
 
+Tensors = Iterator[tuple[str, torch.Tensor, str]]  # (parameter name, values, stored format)
+PEAKS_FORMAT = 1  # bump when what the calibration pass records changes
 CALIBRATION_TEXT = Path(__file__).resolve().parents[2] / "assets" / "int8_calibration.txt"
 
 
@@ -67,29 +79,98 @@ def load_int8(
 
 
 def _load(source: TargetSource, config: Any, calibration: list[list[int]] | None) -> Int8Load:
-    """Pass one places every tensor with plain int8 linears; with calibration text, that model
-    reads it, and pass two re-reads the linears' tensors to quantize them smoothed."""
+    """Pass one places every tensor; with calibration text and no stored peaks, the model
+    reads the text and pass two re-reads the linears' tensors to quantize them smoothed."""
     from transformers import AutoModelForCausalLM
 
     if source.is_gguf:
         path = Path(source.display)
         model = _empty_model(config)
-        stored = _fill(model, _gguf_tensors(path, model))
-        if calibration:
-            wanted = set(_quantized_linears(model))
-            _smooth(model, _gguf_tensors(path, model, wanted), calibration)
+        stored = _load_stored(
+            model, lambda wanted: _gguf_tensors(path, model, wanted), source, calibration
+        )
         return Int8Load(model, _describe(model, f"GGUF {_formats(stored)}", calibration))
     shards = sorted(Path(source.directory).glob("*.safetensors"))
     if shards:
         model = _empty_model(config)
-        stored = _fill(model, _safetensors_tensors(shards))
-        if calibration:
-            wanted = set(_quantized_linears(model))
-            _smooth(model, _safetensors_tensors(shards, wanted), calibration)
+        stored = _load_stored(
+            model, lambda wanted: _safetensors_tensors(shards, wanted), source, calibration
+        )
         return Int8Load(model, _describe(model, _formats(stored), calibration))
     model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32).eval()
     quantize_model(model, calibration)
     return Int8Load(model, _describe(model, "float32 (loaded whole, then quantized)", calibration))
+
+
+def _load_stored(
+    model: nn.Module,
+    read: Callable[[set[str] | None], Tensors],
+    source: TargetSource,
+    calibration: list[list[int]] | None,
+) -> Counter:
+    """Fill ``model`` from ``read(wanted)``; smoothed by calibration peaks kept from an earlier
+    load of the same files (one pass), or measured now and kept (two passes)."""
+    store = _peaks_file(source, calibration) if calibration else None
+    known = _read_peaks(store, model) if store is not None else None
+    stored = _fill(model, read(None), known or {})
+    if calibration and known is None:
+        peaks = _smooth(model, read(set(_quantized_linears(model))), calibration)
+        if store is not None:
+            _write_peaks(store, model, peaks)
+    return stored
+
+
+def _peaks_file(source: TargetSource, calibration: list[list[int]]) -> Path:
+    """Where the input peaks of these weight files on this calibration text are kept: they
+    depend on the files, the text, and the arithmetic of the model that read it."""
+    key = {
+        "format": PEAKS_FORMAT,
+        "files": files_fingerprint(source.display),
+        "calibration": hashlib.sha256(json.dumps(calibration).encode()).hexdigest(),
+        "smoothing": [int8_linear.SMOOTHING, int8_linear.SPIKE_SHARE],
+        "torch": torch.__version__,
+    }
+    return cache_home() / "int8-peaks" / f"{key_digest(key)}.safetensors"
+
+
+def _read_peaks(store: Path, model: nn.Module) -> dict[nn.Linear, torch.Tensor] | None:
+    """The kept peaks by linear, or None when absent, unreadable or not this model's."""
+    from safetensors.torch import load_file
+
+    if not store.is_file():
+        return None
+    linears = _peak_names(model)
+    try:
+        saved = load_file(str(store))
+    except Exception as err:  # a damaged file is measured again
+        logger.warning("int8 calibration peaks at %s unreadable (%s): measuring again", store, err)
+        return None
+    if set(saved) != set(linears) or any(
+        saved[name].shape != (linear.in_features,) for name, linear in linears.items()
+    ):
+        logger.warning("int8 calibration peaks at %s do not fit this model: measuring again", store)
+        return None
+    return {linear: saved[name] for name, linear in linears.items()}
+
+
+def _write_peaks(store: Path, model: nn.Module, peaks: dict[nn.Linear, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {name: peaks[linear].contiguous() for name, linear in _peak_names(model).items()}
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        partial = store.with_suffix(".partial")
+        save_file(tensors, str(partial))
+        partial.replace(store)
+    except OSError as err:  # a full or read-only disk costs the next load a second pass
+        logger.warning("could not keep the int8 calibration peaks at %s: %s", store, err)
+
+
+def _peak_names(model: nn.Module) -> dict[str, nn.Linear]:
+    """Module name -> linear, for every linear quantized smoothed (the readout included)."""
+    names = {module: name for name, module in model.named_modules()}
+    linears = [*_quantized_linears(model).values(), model.get_output_embeddings()]
+    return {names[linear]: linear for linear in linears}
 
 
 def _empty_model(config: Any) -> nn.Module:
@@ -132,8 +213,9 @@ def _stored_names(model: nn.Module) -> dict[str, str]:
     return {readout: f"{names[model.get_input_embeddings()]}.weight"}
 
 
-def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) -> Counter:
-    """Place every stored tensor; returns the stored formats of the re-quantized ones."""
+def _fill(model: nn.Module, tensors: Tensors, peaks: dict[nn.Linear, torch.Tensor]) -> Counter:
+    """Place every stored tensor, linears smoothed by ``peaks`` where given; returns the stored
+    formats of the re-quantized ones."""
     quantized = _quantized_linears(model)
     renamed = _stored_names(model)
     stored: Counter = Counter()
@@ -141,7 +223,12 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
         name = renamed.get(name, name)
         linear = quantized.get(name)
         if linear is not None:
-            quantize_linear(linear, tensor, spikes=linear is not model.get_output_embeddings())
+            quantize_linear(
+                linear,
+                tensor,
+                input_peak=peaks.get(linear),
+                spikes=linear is not model.get_output_embeddings(),
+            )
             stored[form] += 1
             continue
         module_name, _, leaf = name.rpartition(".")
@@ -157,7 +244,7 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
     readout = model.get_output_embeddings()
     if _tied(model):  # share the embedding's weight, then quantize
         readout.weight = model.get_input_embeddings().weight
-        quantize_linear(readout, tied=True, spikes=False)
+        quantize_linear(readout, tied=True, input_peak=peaks.get(readout), spikes=False)
         stored["tied to the embedding"] += 1
     use_exact_attention(model)
     missing = [name for name, p in model.named_parameters() if p.device.type == "meta"]
@@ -171,8 +258,8 @@ def _fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]]) ->
 
 
 def _smooth(
-    model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor, str]], calibration: list[list[int]]
-) -> None:
+    model: nn.Module, tensors: Tensors, calibration: list[list[int]]
+) -> dict[nn.Linear, torch.Tensor]:
     """Re-quantize every int8 linear from its stored tensor, smoothed by the input peaks the
     model measures while reading ``calibration`` (as int8_linear.quantize_model does)."""
     quantized = _quantized_linears(model)
@@ -185,11 +272,10 @@ def _smooth(
             quantize_linear(linear, tensor, input_peak=peaks[linear], spikes=linear is not readout)
     if _tied(model):
         quantize_linear(readout, readout.weight, tied=True, input_peak=peaks[readout], spikes=False)
+    return peaks
 
 
-def _safetensors_tensors(
-    shards: list[Path], wanted: set[str] | None = None
-) -> Iterator[tuple[str, torch.Tensor, str]]:
+def _safetensors_tensors(shards: list[Path], wanted: set[str] | None = None) -> Tensors:
     """Each stored tensor (only those named in ``wanted``, when given)."""
     from safetensors import safe_open
 
@@ -202,9 +288,7 @@ def _safetensors_tensors(
                 yield name, tensor, str(tensor.dtype).removeprefix("torch.")
 
 
-def _gguf_tensors(
-    path: Path, model: nn.Module, wanted: set[str] | None = None
-) -> Iterator[tuple[str, torch.Tensor, str]]:
+def _gguf_tensors(path: Path, model: nn.Module, wanted: set[str] | None = None) -> Tensors:
     """Each GGUF tensor dequantized, renamed and re-laid out as transformers' GGUF loading
     does (its tensor processors and name map). With ``wanted`` (parameter names), a tensor
     whose name maps outside it is skipped before it is dequantized."""

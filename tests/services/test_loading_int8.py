@@ -90,3 +90,63 @@ def test_a_tied_checkpoint_stored_under_one_name_loads_tensor_by_tensor(
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.inference_mode():
         assert torch.equal(loaded(input_ids=ids).logits, expected(input_ids=ids).logits)
+
+
+def saved_tiny_target(folder):
+    from safetensors.torch import save_model
+
+    from tests.factories import tiny_target
+
+    model = tiny_target("mistral", num_layers=2)
+    folder.mkdir()
+    save_model(model, str(folder / "model.safetensors"))
+    return model
+
+
+def test_calibration_peaks_are_kept_so_a_later_load_reads_the_files_once(
+    tmp_path, monkeypatch
+) -> None:
+    from backend.services import int8_loading
+    from backend.services.target_source import TargetSource
+
+    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
+    model = saved_tiny_target(tmp_path / "target")
+    source, calibration = TargetSource(str(tmp_path / "target")), [[3, 1, 4, 1, 5], [9, 2, 6]]
+    reads = []
+    read = int8_loading._safetensors_tensors
+    monkeypatch.setattr(
+        int8_loading, "_safetensors_tensors", lambda *a: reads.append(a) or read(*a)
+    )
+    first = int8_loading.load_int8(source, model.config, calibration).model
+    assert len(reads) == 2  # placed, then the linears again once the peaks are measured
+    assert len(list((tmp_path / "cache" / "int8-peaks").glob("*.safetensors"))) == 1
+
+    def no_measuring(*args):
+        raise AssertionError("the kept peaks should have been used")
+
+    monkeypatch.setattr(int8_loading, "input_peaks", no_measuring)
+    reads.clear()
+    second = int8_loading.load_int8(source, model.config, calibration).model
+    assert len(reads) == 1
+    ids = torch.tensor([[7, 3, 3, 9, 1]])
+    with torch.inference_mode():
+        assert torch.equal(first(input_ids=ids).logits, second(input_ids=ids).logits)
+    kept = int8_loading._peaks_file(source, calibration)
+    assert int8_loading._peaks_file(source, [[5, 5, 5]]) != kept  # other text: measured anew
+
+
+def test_damaged_kept_peaks_are_measured_again(tmp_path, monkeypatch) -> None:
+    from backend.services import int8_loading
+    from backend.services.target_source import TargetSource
+
+    monkeypatch.setenv("EAGLECHAT_CACHE_DIR", str(tmp_path / "cache"))
+    model = saved_tiny_target(tmp_path / "target")
+    source, calibration = TargetSource(str(tmp_path / "target")), [[3, 1, 4, 1, 5]]
+    expected = int8_loading.load_int8(source, model.config, calibration).model
+    (kept,) = (tmp_path / "cache" / "int8-peaks").glob("*.safetensors")
+    kept.write_bytes(b"not a safetensors file")
+    loaded = int8_loading.load_int8(source, model.config, calibration).model
+    ids = torch.tensor([[2, 4, 6]])
+    with torch.inference_mode():
+        assert torch.equal(expected(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert int8_loading._read_peaks(kept, loaded) is not None  # written again, whole
