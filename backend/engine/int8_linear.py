@@ -228,9 +228,10 @@ def quantized_linears(model: nn.Module) -> list[nn.Linear]:
 def quantize_model(model: nn.Module, calibration: list[list[int]] | None = None) -> int:
     """Every float ``nn.Linear`` of the decoder layers and the readout in int8 (a readout tied
     to the embedding keeps its float weight, which the embedding reads), and attention that is
-    exact across batch sizes too (exact_attention.py). With ``calibration`` (token sequences), the smoothing
-    uses input peaks measured by the int8 model itself reading them, as a tensor-by-tensor load
-    does (int8_loading.py), so both give the same weights. Returns how many linears."""
+    exact across batch sizes too (exact_attention.py). With ``calibration`` (token sequences),
+    the smoothing uses input peaks measured by the int8 model itself reading them, as a
+    tensor-by-tensor load does (int8_loading.py), so both give the same weights. Returns how
+    many linears."""
     use_exact_attention(model)
     readout = model.get_output_embeddings()
     tied = readout.weight is model.get_input_embeddings().weight

@@ -36,12 +36,12 @@ from backend.engine.int8_linear import (
     input_peaks,
     quantize_linear,
     quantize_model,
+    quantized_linears,
 )
 from backend.errors import ConfigError
 from backend.services.cache_home import cache_home, key_digest
 from backend.services.calibration_cache import files_fingerprint
 from backend.services.target_source import TargetSource
-from models.features import decoder_of
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +169,7 @@ def _write_peaks(store: Path, model: nn.Module, peaks: dict[nn.Linear, torch.Ten
 def _peak_names(model: nn.Module) -> dict[str, nn.Linear]:
     """Module name -> linear, for every linear quantized smoothed (the readout included)."""
     names = {module: name for name, module in model.named_modules()}
-    linears = [*_quantized_linears(model).values(), model.get_output_embeddings()]
-    return {names[linear]: linear for linear in linears}
+    return {names[linear]: linear for linear in quantized_linears(model)}
 
 
 def _empty_model(config: Any) -> nn.Module:
@@ -187,16 +186,10 @@ def _quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """Parameter name -> linear, for every linear whose weight becomes int8: the decoder's and
     an untied readout (one tied to the embedding is quantized from it once it is loaded)."""
     names = {module: name for name, module in model.named_modules()}
-    linears = {
-        f"{names[module]}.weight": module
-        for layer in decoder_of(model).layers
-        for module in layer.modules()
-        if type(module) is nn.Linear
-    }
-    if not _tied(model):
-        readout = model.get_output_embeddings()
-        linears[f"{names[readout]}.weight"] = readout
-    return linears
+    linears = quantized_linears(model)
+    if _tied(model):
+        linears = linears[:-1]
+    return {f"{names[linear]}.weight": linear for linear in linears}
 
 
 def _tied(model: nn.Module) -> bool:
