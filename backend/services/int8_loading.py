@@ -113,8 +113,9 @@ def _load_stored(
     store = _peaks_file(source, calibration) if calibration else None
     known = _read_peaks(store, model) if store is not None else None
     stored = _fill(model, read(None), known or {})
-    if calibration and known is None:
-        peaks = _smooth(model, read(set(_quantized_linears(model))), calibration)
+    if calibration and known is None:  # the int8 model reads the text; the linears again
+        peaks = input_peaks(model, quantized_linears(model), calibration)
+        _fill(model, read(set(_quantized_linears(model))), peaks)
         if store is not None:
             _write_peaks(store, model, peaks)
     return stored
@@ -207,8 +208,8 @@ def _stored_names(model: nn.Module) -> dict[str, str]:
 
 
 def _fill(model: nn.Module, tensors: Tensors, peaks: dict[nn.Linear, torch.Tensor]) -> Counter:
-    """Place every stored tensor, linears smoothed by ``peaks`` where given; returns the stored
-    formats of the re-quantized ones."""
+    """Place every tensor ``tensors`` yields, linears smoothed by ``peaks`` where given (a second
+    pass yields only the linears); returns the stored formats of the re-quantized ones."""
     quantized = _quantized_linears(model)
     renamed = _stored_names(model)
     stored: Counter = Counter()
@@ -248,24 +249,6 @@ def _fill(model: nn.Module, tensors: Tensors, peaks: dict[nn.Linear, torch.Tenso
             hint="load without --quantize int8 to let transformers read this checkpoint",
         )
     return stored
-
-
-def _smooth(
-    model: nn.Module, tensors: Tensors, calibration: list[list[int]]
-) -> dict[nn.Linear, torch.Tensor]:
-    """Re-quantize every int8 linear from its stored tensor, smoothed by the input peaks the
-    model measures while reading ``calibration`` (as int8_linear.quantize_model does)."""
-    quantized = _quantized_linears(model)
-    readout = model.get_output_embeddings()
-    peaks = input_peaks(model, [*quantized.values(), readout], calibration)
-    renamed = _stored_names(model)
-    for name, tensor, _ in tensors:
-        linear = quantized.get(renamed.get(name, name))
-        if linear is not None:
-            quantize_linear(linear, tensor, input_peak=peaks[linear], spikes=linear is not readout)
-    if _tied(model):
-        quantize_linear(readout, readout.weight, tied=True, input_peak=peaks[readout], spikes=False)
-    return peaks
 
 
 def _safetensors_tensors(shards: list[Path], wanted: set[str] | None = None) -> Tensors:

@@ -194,8 +194,8 @@ def _load_target(
         if not source.is_gguf:
             check_safetensors_folder(source.directory)
         if config.quantization == "int8":
-            config_text = text_config(prepared.target_config)
-            loaded = load_int8(source, config_text, calibration_sequences(tokenizer))
+            architecture = text_config(prepared.target_config)
+            loaded = load_int8(source, architecture, calibration_sequences(tokenizer))
             return tokenizer, loaded.model, loaded.description
         model = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs).eval()
     if source.is_gguf and gguf_cache.worth_keeping(model):
