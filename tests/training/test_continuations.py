@@ -18,6 +18,7 @@ from models.training.continuations import (
     read_continuations,
 )
 from tests.factories import tiny_target, tiny_tokenizer
+from tests.training.interruptions import fails_on_call
 
 PASSAGES = [
     "the quick brown fox",
@@ -94,25 +95,20 @@ def test_an_interrupted_run_continues_with_its_first_unfinished_batch(pair, tmp_
     prompts = cut_prompts(tokenizer, PASSAGES, options)
     straight = continue_prompts(model, tokenizer, prompts, options, tmp_path / "straight.jsonl")
     path = tmp_path / "stopped.jsonl"
-    calls = {"n": 0}
     original = continuations._generate
-
-    def stop_after_two(*args):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(*args)
-
-    monkeypatch.setattr(continuations, "_generate", stop_after_two)
+    monkeypatch.setattr(continuations, "_generate", fails_on_call(original, 3))
     with pytest.raises(KeyboardInterrupt):
         continue_prompts(model, tokenizer, prompts, options, path)
     plan = batch_plan(prompts, 2)
     assert len(read_continuations(path, prompts)) == len(plan[0]) + len(plan[1])
     with path.open("a") as file:
         file.write('{"index": 5, "prom')  # a torn last line is ignored
-    calls["n"] = -100
+    batches = []
+    monkeypatch.setattr(
+        continuations, "_generate", lambda *args: batches.append(args) or original(*args)
+    )
     resumed = continue_prompts(model, tokenizer, prompts, options, path)
-    assert calls["n"] == -100 + len(plan) - 2  # only the unfinished batches ran
+    assert len(batches) == len(plan) - 2  # only the unfinished batches ran
     assert resumed == straight
     others = cut_prompts(tokenizer, PASSAGES[::-1], options)
     with pytest.raises(ConfigError, match="other prompts"):

@@ -14,8 +14,9 @@ from models.training import feature_cache
 from models.training.data import TokenizedExample
 from models.training.feature_cache import CacheSettings, FeatureCache, shard_plan
 from models.training.losses import BatchSpec, eagle3_loss, target_batch
-from models.training.trainer import TrainConfig, TrainProgress, train_head
+from models.training.trainer import TrainConfig, train_head
 from tests.factories import easy_llama_pair, tiny_head
+from tests.training.interruptions import fails_on_call, stops_at_step
 
 LAYERS = 8
 VOCAB = 64
@@ -98,15 +99,7 @@ def test_an_interrupted_fill_continues_at_its_first_missing_shard(
     spec = _spec(head, readout_only=True)
     settings = CacheSettings(tmp_path / "cache", top_k=8, batch_size=2)
     original = feature_cache.target_batch
-    seen = {"calls": 0}
-
-    def fails_on_the_fifth(*args):
-        seen["calls"] += 1
-        if seen["calls"] == 5:
-            raise KeyboardInterrupt
-        return original(*args)
-
-    monkeypatch.setattr(feature_cache, "target_batch", fails_on_the_fifth)
+    monkeypatch.setattr(feature_cache, "target_batch", fails_on_call(original, 5))
     with pytest.raises(KeyboardInterrupt):
         FeatureCache.open_or_fill(settings, target, examples, spec)
     written = json.loads((settings.directory / "manifest.json").read_text())["shards"]
@@ -166,13 +159,9 @@ def test_cached_run_resumed_at_step_k_matches_an_uninterrupted_one(target, examp
     assert 0 < filled <= len(examples) // 4 + 2  # the fill's batches (and its layout sample)
     assert straight.timing.batches_from == "cache" and straight.timing.steps == 9
 
-    def stop_at_4(progress: TrainProgress) -> None:
-        if progress.step == 4:
-            raise KeyboardInterrupt
-
     config = _cached_config(tmp_path, "stopped", checkpoint_every=3)
     with pytest.raises(KeyboardInterrupt):
-        train_head(target, None, examples, config, stop_at_4)
+        train_head(target, None, examples, config, stops_at_step(4))
     resumed = train_head(
         target, None, examples, _cached_config(tmp_path, "stopped", checkpoint_every=3, resume=True)
     )

@@ -22,6 +22,7 @@ from models.training.data import TokenizedExample
 from models.training.losses import ttt_unroll
 from models.training.trainer import TrainConfig, TrainProgress, train_head
 from tests.factories import easy_llama_pair, tiny_head, tiny_target, tiny_tokenizer
+from tests.training.interruptions import stops_at_step
 
 PROMPT_LEN = 4
 
@@ -103,13 +104,9 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(easy_target, exa
         easy_target, None, examples, _config(tmp_path / "a", "eagle1", steps=15, checkpoint_every=0)
     )
 
-    def interrupt_at_10(progress: TrainProgress) -> None:
-        if progress.step == 10:
-            raise KeyboardInterrupt
-
     config = _config(tmp_path / "b", "eagle1", steps=15, checkpoint_every=5)
     with pytest.raises(KeyboardInterrupt):
-        train_head(easy_target, None, examples, config, interrupt_at_10)
+        train_head(easy_target, None, examples, config, stops_at_step(10))
     with pytest.raises(ConfigError, match="checkpoints"):  # never silently mixes two runs
         train_head(easy_target, None, examples, config)
     resumed = train_head(
