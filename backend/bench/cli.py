@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import get_args
 
+from backend.bench.ab_runs import run_ab
 from backend.bench.cold_runs import run_cold
 from backend.bench.other_rows import PEERS, start_other_rows
 from backend.bench.prompt_sets import SETS, build_set
@@ -72,6 +73,13 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="run this bench N times, each in a new process with nothing saved from earlier "
         "runs (no calibration, no tuner state), under --out/run-1..N, and print the median of "
         "each ratio with every run's 90%% interval (the noise rule: docs/performance.md)",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="with --cold-runs N: alternate each cold run with one of git revision REV's bench "
+        "(a worktree under .cache/ab) and print EAGLE's tokens/s here over there, per run and "
+        "median (an A/B of two versions of the engine on this machine)",
     )
 
 
@@ -173,6 +181,10 @@ def parse_tree(text: str) -> TreeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.against:
+        if not args.cold_runs:
+            raise ConfigError("--against runs cold runs", hint="add --cold-runs N, e.g. 3")
+        return run_ab(args.against, args.cold_runs, sys.argv[1:], Path(args.out))
     if args.cold_runs:
         return run_cold(args.cold_runs, sys.argv[1:], Path(args.out))
     if args.synthetic:

@@ -30,22 +30,28 @@ def run_cold(count: int, argv: list[str], out: Path) -> int:
     times, cold, then report the ratios' medians and intervals."""
     if count < 1:
         raise ConfigError(f"--cold-runs must be at least 1, got {count}")
-    bench_args = _without(argv, "--cold-runs", "--out")
-    results = []
-    for index in range(1, count + 1):
-        run_dir = out / f"run-{index}"
-        with tempfile.TemporaryDirectory(prefix="eaglechat-cold-") as cache:
-            env = {**os.environ, "EAGLECHAT_CACHE_DIR": cache}
-            command = [sys.executable, str(LAUNCH), *bench_args, "--out", str(run_dir)]
-            print(f"cold run {index}/{count}: {' '.join(command[1:])}", file=sys.stderr)
-            subprocess.run(command, env=env, check=True)
-        results.append(BenchResult.from_json(json.loads((run_dir / "results.json").read_text())))
+    bench_args = without(argv, "--cold-runs", "--out")
+    results = [
+        cold_run(LAUNCH, bench_args, out / f"run-{index}", f"cold run {index}/{count}")
+        for index in range(1, count + 1)
+    ]
     table = cold_ratios(results)
     (out / "cold-runs.json").write_text(json.dumps(table, indent=1) + "\n")
     text = cold_markdown(table, " ".join(["python launch.py", *argv]))
     (out / "cold-runs.md").write_text(text)
     print(text)
     return 0
+
+
+def cold_run(launch: Path, bench_args: list[str], run_dir: Path, name: str) -> BenchResult:
+    """One bench run of ``launch`` (a checkout's launch.py) in a new process with an empty
+    cache directory; its result read back from ``run_dir``."""
+    with tempfile.TemporaryDirectory(prefix="eaglechat-cold-") as cache:
+        env = {**os.environ, "EAGLECHAT_CACHE_DIR": cache}
+        command = [sys.executable, str(launch), *bench_args, "--out", str(run_dir)]
+        print(f"{name}: {' '.join(command[1:])}", file=sys.stderr)
+        subprocess.run(command, env=env, check=True)
+    return BenchResult.from_json(json.loads((run_dir / "results.json").read_text()))
 
 
 def cold_ratios(results: list[BenchResult]) -> dict[str, dict]:
@@ -91,7 +97,7 @@ def cold_markdown(ratios: dict[str, dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _without(argv: list[str], *options: str) -> list[str]:
+def without(argv: list[str], *options: str) -> list[str]:
     """``argv`` without the given options and their values (``--out X`` or ``--out=X``)."""
     kept, skip = [], False
     for arg in argv:

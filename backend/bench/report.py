@@ -117,7 +117,7 @@ def ratio_interval(
     shares = []
     for _ in range(draws):
         sample = [rows[rng.randrange(len(rows))] for _ in rows]
-        speed = {m: _speed(run[m] for run in sample) for m in (method, *against)}
+        speed = {m: pooled_tokens_per_s(run[m] for run in sample) for m in (method, *against)}
         best = max(speed[m] for m in against)
         if best > 0:
             shares.append(speed[method] / best)
@@ -127,7 +127,8 @@ def ratio_interval(
     return shares[int(0.05 * (len(shares) - 1))], shares[int(0.95 * (len(shares) - 1))]
 
 
-def _speed(runs: Iterable[MethodRun]) -> float:
+def pooled_tokens_per_s(runs: Iterable[MethodRun]) -> float:
+    """All the runs' new tokens over all their seconds."""
     tokens = seconds = 0.0
     for run in runs:
         tokens += run.new_tokens

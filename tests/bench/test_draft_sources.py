@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from backend.bench.cold_runs import _without, cold_markdown, cold_ratios
+from backend.bench.cold_runs import cold_markdown, cold_ratios, without
 from backend.bench.prompt_sets import SET_SIZE, SETS, build_set, shared_root
 from backend.bench.prompts import BenchPrompt
 from backend.bench.report import label, ratio_interval, summarize, write_reports
@@ -100,6 +100,6 @@ def test_cold_runs_report_each_ratios_median_and_intervals() -> None:
 
 def test_the_cold_runs_command_drops_its_own_options() -> None:
     argv = ["bench", "--pair", "demo", "--cold-runs", "3", "--out=x", "--limit", "2"]
-    assert _without(argv, "--cold-runs", "--out") == ["bench", "--pair", "demo", "--limit", "2"]
+    assert without(argv, "--cold-runs", "--out") == ["bench", "--pair", "demo", "--limit", "2"]
     argv = ["bench", "--out", "y", "--cold-runs=3"]
-    assert _without(argv, "--cold-runs", "--out") == ["bench"]
+    assert without(argv, "--cold-runs", "--out") == ["bench"]
