@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def cache_home() -> Path:
@@ -16,3 +20,16 @@ def cache_home() -> Path:
 def key_digest(key: dict) -> str:
     """A short, stable name for a JSON-ready cache key (any change to the key changes it)."""
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def keep(path: Path, write: Callable[[Path], None], what: str) -> None:
+    """Write one entry whole or not at all: ``write`` fills a file beside ``path``, which then
+    replaces it. Best effort: a read-only or full disk only means measuring again later, so it
+    is logged, not raised."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        write(partial)
+        partial.replace(path)
+    except OSError as err:
+        logger.warning("could not keep %s at %s: %s", what, path, err)

@@ -24,7 +24,7 @@ from backend.engine.calibration import (
 )
 from backend.engine.device import hardware_name
 from backend.engine.projection_forms import Forms
-from backend.services.cache_home import cache_home, key_digest
+from backend.services.cache_home import cache_home, keep, key_digest
 
 logger = logging.getLogger(__name__)
 
@@ -137,11 +137,5 @@ def load(key: dict) -> Calibration | None:
 
 def save(key: dict, calibration: Calibration) -> None:
     """Best effort: a read-only or full disk only means calibrating again next time."""
-    path = _entry(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, **calibration.to_json()}, indent=1))
-        tmp.replace(path)
-    except OSError as err:
-        logger.warning("could not save the calibration to %s: %s", path, err)
+    text = json.dumps({"key": key, **calibration.to_json()}, indent=1)
+    keep(_entry(key), lambda partial: partial.write_text(text), "the calibration")

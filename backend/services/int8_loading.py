@@ -39,7 +39,7 @@ from backend.engine.int8_linear import (
     quantized_linears,
 )
 from backend.errors import ConfigError
-from backend.services.cache_home import cache_home, key_digest
+from backend.services.cache_home import cache_home, keep, key_digest
 from backend.services.calibration_cache import files_fingerprint
 from backend.services.target_source import TargetSource
 
@@ -158,13 +158,7 @@ def _write_peaks(store: Path, model: nn.Module, peaks: dict[nn.Linear, torch.Ten
     from safetensors.torch import save_file
 
     tensors = {name: peaks[linear].contiguous() for name, linear in _peak_names(model).items()}
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        partial = store.with_suffix(".partial")
-        save_file(tensors, str(partial))
-        partial.replace(store)
-    except OSError as err:  # a full or read-only disk costs the next load a second pass
-        logger.warning("could not keep the int8 calibration peaks at %s: %s", store, err)
+    keep(store, lambda partial: save_file(tensors, str(partial)), "the int8 calibration peaks")
 
 
 def _peak_names(model: nn.Module) -> dict[str, nn.Linear]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from backend.engine.autotune import TreePolicy
 from backend.engine.engine import Engine
-from backend.services.cache_home import cache_home, key_digest
+from backend.services.cache_home import cache_home, keep, key_digest
 
 logger = logging.getLogger(__name__)
 
@@ -64,18 +64,14 @@ def _key_of(name: str) -> tuple[bool, str]:
 def save(policies: Policies, key: dict) -> None:
     """Best effort: a read-only or full disk (or a reply still decoding while the process
     ends, changing the estimates under the copy) only means starting from less next time."""
-    path = _entry(key)
     try:
         learned = {_name(*kind): policy.learned() for kind, policy in policies.items()}
-        if not learned:
-            return
+    except RuntimeError as err:
+        logger.warning("could not save the tuning state: %s", err)
+        return
+    if learned:
         text = json.dumps(learned)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    except (OSError, RuntimeError) as err:
-        logger.warning("could not save the tuning state to %s: %s", path, err)
+        keep(_entry(key), lambda partial: partial.write_text(text), "the tuning state")
 
 
 def forget(key: dict) -> None:

@@ -15,6 +15,7 @@ from backend.engine.progress import drain
 from backend.engine.projection_forms import form_of
 from backend.errors import ConfigError
 from backend.services import calibration_cache, loading
+from backend.services.cache_home import keep
 from backend.services.loading import load_steps, prepare
 
 
@@ -205,3 +206,22 @@ def test_an_asked_thread_count_is_used_untimed_and_cached_apart(pair_on_disk, mo
 def test_a_negative_thread_count_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="round threads"):
         LoadConfig(target="t", round_threads=-1)
+
+
+def test_an_entry_is_kept_whole_or_not_at_all(tmp_path, caplog) -> None:
+    """cache_home.keep, which every cache here writes through: a write that fails half way
+    leaves the old entry as it was, and a path it cannot create is logged, not raised."""
+    path = tmp_path / "entries" / "one.json"
+    keep(path, lambda partial: partial.write_text("old"), "an entry")
+    assert path.read_text() == "old"
+
+    def fails_half_way(partial) -> None:
+        partial.write_text("half")
+        raise OSError("disk full")
+
+    keep(path, fails_half_way, "an entry")
+    assert path.read_text() == "old" and "disk full" in caplog.text
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    keep(blocker / "under" / "entry.json", lambda partial: partial.write_text("x"), "another")
+    assert "could not keep another" in caplog.text
