@@ -86,6 +86,8 @@ def load_config_from(args: argparse.Namespace) -> LoadConfig:
 
 
 def build_configs(args: argparse.Namespace) -> tuple[LoadConfig, GenerationConfig]:
+    if args.race and args.raw:
+        raise ConfigError("--race uses the pair's prompt format", hint="drop --raw")
     load = load_config_from(args)
     generation = GenerationConfig(
         mode=args.mode or "eagle",  # without a head, EAGLE mode drafts from the context
@@ -158,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _race(backend: Backend, messages: list, generation: GenerationConfig, args) -> int:
     """The app's race from the command line: both lanes timed by their own compute."""
-    if args.raw:
-        raise ConfigError("--race uses the pair's prompt format", hint="drop --raw")
     finished = None
     for event in backend.race(messages, generation, system_prompt=args.system):
         if isinstance(event, GenerationFailed):
