@@ -16,7 +16,7 @@ ONCE=(--cold-runs 1 --repeats 1)  # the slowest Gemma suites: one cold run (tens
 GEMMA_TREES=(12/5/3 chain6)
 NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats random-head long-prompts gemma-trees
        gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats gemma-nohead-prose gemma-int8
-       gemma-int8-wiki gemma-race-loop official-eagle-demo-eagle3)
+       gemma-int8-wiki gemma-race-loop gemma-load official-eagle-demo-eagle3)
 # Also known, run only when named (no current table rests on it): demo-partial-trees.
 
 bench() {  # NAME ARGS...: one bench command into bench-results/NAME
@@ -69,6 +69,9 @@ suite() {
             bash scripts/side-venvs.sh llama-cpp
             bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$WIKI" \
                 --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
+        gemma-load)  # three cold loads, each timing the round costs afresh; a short reply each
+            bench "$1" --pair gemma3-270m --prompts repeats --limit 1 --max-new-tokens 16 \
+                --drafts head --no-prompt-lookup --cold-runs 3 --repeats 1 ;;
         gemma-race-loop)  # the app's race on a prose opening that greedy Gemma repeats
             rm -rf "bench-results/$1"
             mkdir -p "bench-results/$1"

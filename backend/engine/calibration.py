@@ -28,7 +28,11 @@ from backend.engine.verify import greedy_accept
 
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 60)
 CALIBRATION_CONTEXT = 64  # prompt tokens before the timed forwards
-REPEATS = 5
+# Rounds are timed again as they run (the tuner's measured seconds), so calibration only seeds
+# them: two interleaved passes, the fastest kept.
+REPEATS = 2
+# The thread choice is final for the pair on this machine: more passes before it is made.
+THREADS_REPEATS = 5
 # Fewer threads than the process has must make a round at least this much faster to be used.
 THREADS_GAIN = 1.05
 THREADS_SHAPE = TreeConfig()  # the round timed per thread count: the default fixed tree
@@ -215,7 +219,7 @@ def fastest_round_threads(
     drafter,
     shape: TreeConfig = THREADS_SHAPE,
     context: int = CALIBRATION_CONTEXT,
-    repeats: int = REPEATS,
+    repeats: int = THREADS_REPEATS,
 ) -> RoundThreads:
     """How many CPU threads decoding rounds should run on: for plain steps and for whole rounds
     of ``shape``, the count (up to the process's own) at which each is fastest.
