@@ -12,12 +12,13 @@ PROSE=$SHARED/data/tinystories/tinystories_val.txt
 WIKI=$SHARED/data/llamafactory/wiki_demo.txt
 LOOPING_PROMPT="The printing press changed how ideas travelled across Europe. Before it, books were copied by hand"
 COLD=(--cold-runs 3 --repeats 1)
-TUNER_BEFORE=b56979a  # the last revision with the tuner of scouts, lessons and time families
 ONCE=(--cold-runs 1 --repeats 1)  # the slowest Gemma suites: one cold run (tens of minutes each)
+TUNER_BEFORE=b56979a  # the last revision with the tuner of scouts, lessons and time families
 GEMMA_TREES=(12/5/3 chain6)
-NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats ab-demo-eagle3 ab-demo-eagle1 random-head long-prompts gemma-trees
-       gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats gemma-nohead-prose gemma-int8
-       gemma-int8-wiki gemma-race-loop gemma-load official-eagle-demo-eagle3)
+NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats ab-demo-eagle3 ab-demo-eagle1 random-head
+       long-prompts gemma-trees gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats
+       gemma-nohead-prose gemma-int8 gemma-int8-wiki gemma-race-loop gemma-load
+       official-eagle-demo-eagle3)
 # Also known, run only when named (no current table rests on it): demo-partial-trees.
 
 bench() {  # NAME ARGS...: one bench command into bench-results/NAME
@@ -45,7 +46,7 @@ suite() {
         ab-demo-eagle3 | ab-demo-eagle1)  # this engine against the revision before the bandit tuner
             local head=assets/demo/head-${1#ab-demo-}
             bench "$1" --target assets/demo/target --head "$head" --drafts head --no-prompt-lookup \
-                --repeats 1 --cold-runs 3 --against "$TUNER_BEFORE" ;;
+                "${COLD[@]}" --against "$TUNER_BEFORE" ;;
         random-head)  # random target and head of one shape: drafts that never hold
             bench "$1" --synthetic small --drafts head --no-prompt-lookup "${COLD[@]}" ;;
         long-prompts)  # drafts that always hold: round costs alone, at 32 and 1,536 tokens

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -25,11 +26,13 @@ def key_digest(key: dict) -> str:
 def keep(path: Path, write: Callable[[Path], None], what: str) -> None:
     """Write one entry whole or not at all: ``write`` fills a file beside ``path``, which then
     replaces it. Best effort: a read-only or full disk only means measuring again later, so it
-    is logged, not raised."""
+    is logged, not raised, and no half-written file is left behind."""
+    partial = path.with_name(path.name + ".partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
         write(partial)
         partial.replace(path)
     except OSError as err:
         logger.warning("could not keep %s at %s: %s", what, path, err)
+        with suppress(OSError):  # a folder that could not be made holds no partial file
+            partial.unlink(missing_ok=True)

@@ -221,6 +221,7 @@ def test_an_entry_is_kept_whole_or_not_at_all(tmp_path, caplog) -> None:
 
     keep(path, fails_half_way, "an entry")
     assert path.read_text() == "old" and "disk full" in caplog.text
+    assert sorted(p.name for p in path.parent.iterdir()) == ["one.json"]  # no partial left
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     keep(blocker / "under" / "entry.json", lambda partial: partial.write_text("x"), "another")
