@@ -1,9 +1,10 @@
 """The round auto-tuner: a small bandit over what a round drafts. docs/tuning.md gives the whole
 rule and the reason for every constant.
 
-An arm is a head shape (or none) plus a context option (or none); its value is replayed tokens
-per round over measured seconds per round, each a fading mean. Thompson sampling with one normal
-draw per round picks the arm; an arm's prior for tokens is what the arms it covers accept.
+An arm is a head shape (or none) plus a context option (or none); its value is tokens per round
+over measured seconds per round. Its tokens are what the arms it covers accept now plus its
+replayed gain over them, a fading mean; its seconds a fading mean of its rounds. Thompson sampling
+with one normal draw per round picks the arm.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ MAX_ROUND_COST = 3.0  # head shapes whose calibrated round costs more plain step
 PRIOR_ACCEPT = 0.5  # before any round, each draft is believed held with this chance
 PRIOR_SPREAD = 1.0  # an arm's prior is one round, give or take this many tokens
 WINDOW = 32  # rounds a mean rests on at most: older ones fade, so the tuner follows the text
+# each round, the evidence of every gain fades by this share, whether or not the round taught it:
+# an arm left unrun for a few hundred rounds is uncertain again, so it gets tried again
+FORGET = 1 / 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +81,10 @@ class FadingMean:
 @dataclass(slots=True)
 class ArmStats:
     seconds: FadingMean = field(default_factory=FadingMean)  # of the rounds it ran
-    # replayed tokens per round: after a context miss (every round for an arm without context
-    # drafts), and after a hit
-    tokens: tuple[FadingMean, FadingMean] = field(
+    # replayed tokens per round beyond the most that the arms it covers accepted on the same
+    # round (all of them for an arm that covers none): after a context miss (every round for an
+    # arm without context drafts), and after a hit
+    gains: tuple[FadingMean, FadingMean] = field(
         default_factory=lambda: (FadingMean(), FadingMean())
     )
 
@@ -117,9 +122,10 @@ class TreePolicy:
         self.ratio = FadingMean(mean=1.0)  # real / calibrated round time
         self.hit = False  # the last round's context candidate held its first token
         self._pending: list[_Pending] = []  # rounds whose context candidates are undecided
-        self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats]]] = {}
-        for arm, stats in self.stats.items():
-            self._by_option.setdefault((arm.context, arm.chains), []).append((arm, stats))
+        self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats, Arm | None]]] = {}
+        for arm, stats, _, covered in self._rows:
+            below = self._order[covered[-1][0]] if covered else None  # see _tokens
+            self._by_option.setdefault((arm.context, arm.chains), []).append((arm, stats, below))
         # the longest chains and most of them that any arm carries: what a round looks up
         self.context_request = (max(a.context for a in arms), max(a.chains for a in arms))
         self._random = random.Random(seed)
@@ -140,31 +146,46 @@ class TreePolicy:
         """The arm with the most tokens per second, both drawn ``luck`` standard deviations
         off their posterior means (more tokens, fewer seconds); without context ``candidates``
         only arms without context drafts."""
-        luck, ratio, hit = self._random.gauss(0.0, 1.0), self.ratio.mean, self.hit
-        known: list[float] = []  # per arm in order: its mean, else its prior
+        luck, ratio = self._random.gauss(0.0, 1.0), self.ratio.mean
         best, best_speed = self.arms[0], 0.0
-        for arm, stats, calibrated, covered in self._rows:  # priors build up from small arms
-            if arm.context and not candidates:  # only context arms cover it: none runs
-                known.append(0.0)
-                continue
-            tokens = stats.tokens[hit and arm.context > 0]
-            prior = self._prior(arm, covered, known)
-            floor = max((known[small] for small, _ in covered), default=1.0)  # it accepts more
-            known.append(max(tokens.mean if tokens.count else prior, floor))
-            drawn = max(_drawn(tokens, prior, PRIOR_SPREAD, luck), floor) if arm.drafts else 1.0
+        for (arm, stats, calibrated, _), tokens in zip(
+            self._rows, self._tokens(luck, candidates, self.hit)
+        ):
             seed = calibrated * ratio
-            speed = drawn / max(_drawn(stats.seconds, seed, 0.0, -luck), seed / 10)
+            speed = tokens / max(_drawn(stats.seconds, seed, 0.0, -luck), seed / 10)
             if speed > best_speed:
                 best, best_speed = arm, speed
         return best
 
-    def tokens(self, arm: Arm, hit: bool | None = None) -> FadingMean:
-        """The arm's replayed tokens after a context hit or miss (default: the last round's)."""
-        return self.stats[arm].tokens[bool((self.hit if hit is None else hit) and arm.context)]
+    def tokens(self, arm: Arm, hit: bool | None = None) -> float:
+        """The arm's expected tokens per round after a context hit or miss (default: as after
+        the last round)."""
+        hit = self.hit if hit is None else hit
+        return self._tokens(0.0, True, hit)[self._order.index(arm)]
+
+    def _tokens(self, luck: float, candidates: bool, hit: bool) -> list[float]:
+        """Every arm's tokens per round in ``_order``, its gain drawn ``luck`` standard
+        deviations off its posterior mean (0 for context arms without ``candidates``: only
+        context arms cover them, so none of those runs)."""
+        known: list[float] = []  # posterior means, built up from the small arms
+        drawn: list[float] = []
+        for arm, stats, _, covered in self._rows:
+            if not arm.drafts or (arm.context and not candidates):
+                known.append(float(not arm.drafts))  # the plain step: one token, surely
+                drawn.append(known[-1])
+                continue
+            gain = stats.gains[hit and arm.context > 0]
+            floor = max((known[small] for small, _ in covered), default=0.0)
+            base = known[covered[-1][0]] if covered else 0.0  # its gain is over this one's
+            prior = self._prior(arm, covered, known) - base
+            known.append(max(base + _drawn(gain, prior, PRIOR_SPREAD, 0.0), floor))
+            drawn.append(max(base + _drawn(gain, prior, PRIOR_SPREAD, luck), floor))
+        return drawn
 
     def _covered(self, i: int) -> list[tuple[int, float | None]]:
-        """The positions of arm ``i``'s largest covered drafting arms, and how many times
-        deeper its head is than theirs when that is all it adds (see _prior)."""
+        """The positions of arm ``i``'s largest covered drafting arms (it accepts at least
+        what they accept, round by round), and how many times deeper its head is than theirs
+        when that is all it adds (see _prior)."""
         arm = self._order[i]
         covered = _largest_covered(arm, self._order[:i])
         return [(self._order.index(c), _growth(c, arm)) for c in covered if c.drafts]
@@ -209,6 +230,9 @@ class TreePolicy:
         if seconds is not None:
             self.stats[arm].seconds.add(seconds)
             self.ratio.add(seconds / self._calibrated[arm])
+        for _, stats, _, covered in self._rows:  # those that cover none learn on most rounds
+            for mean in stats.gains if covered else ():
+                mean.count *= 1.0 - FORGET
         options = set(self._by_option) if candidates else {(0, 0)}
         self._pending.append(_Pending(start, candidates, replayed, self.hit, options))
         self.hit = bool(candidates) and len(text) > start and text[start] == candidates[0][0]
@@ -219,27 +243,37 @@ class TreePolicy:
         candidates as far as the arm's chains reach (``final``: the reply ended, take what the
         text shows)."""
         for pending in self._pending:
-            for length, chains in list(pending.options):
-                candidates = pending.candidates[:chains]
-                matched = [matched_length(c[:length], text, pending.start) for c in candidates]
-                if None in matched and not final:
-                    continue
-                context = max(
-                    (len(text) - pending.start if m is None else m for m in matched), default=0
-                )
-                after_hit = pending.hit and length > 0
-                for arm, stats in self._by_option[length, chains]:
-                    accepted = pending.replayed.get(arm.head)
-                    if accepted is not None:
-                        stats.tokens[after_hit].add(1.0 + max(accepted, context))
-                pending.options.discard((length, chains))
+            decided: dict[tuple[int, int], int | None] = {}
+
+            def context(length: int, chains: int, pending=pending, decided=decided) -> int | None:
+                """Tokens of the first ``chains`` candidates the text repeats; None while it
+                has not decided them."""
+                if (length, chains) not in decided:
+                    start, candidates = pending.start, pending.candidates[:chains]
+                    matched = [matched_length(c[:length], text, start) for c in candidates]
+                    repeated = (len(text) - start if m is None else m for m in matched)
+                    undecided = None in matched and not final
+                    decided[length, chains] = None if undecided else max(repeated, default=0)
+                return decided[length, chains]
+
+            def accepted(arm: Arm, pending=pending) -> float | None:
+                head = pending.replayed.get(arm.head)  # None: a head shape not covered
+                return None if head is None else 1.0 + max(head, context(arm.context, arm.chains))
+
+            for option in [o for o in pending.options if context(*o) is not None]:
+                for arm, stats, below in self._by_option[option]:
+                    tokens = accepted(arm)
+                    if tokens is not None:
+                        base = accepted(below) if below is not None else 0.0
+                        stats.gains[pending.hit and arm.context > 0].add(tokens - base)
+                pending.options.discard(option)
         self._pending = [pending for pending in self._pending if pending.options]
 
     # ---- what it learned, kept across launches (backend/services/tuning_cache.py) --------
     def learned(self) -> dict:
         means = lambda *m: [v for mean in m for v in (mean.count, mean.mean, mean.spread)]  # noqa: E731
         return {
-            "arms": {_name(a): means(s.seconds, *s.tokens) for a, s in self.stats.items()},
+            "arms": {_name(a): means(s.seconds, *s.gains) for a, s in self.stats.items()},
             "ratio": means(self.ratio),
         }
 
@@ -255,7 +289,7 @@ class TreePolicy:
             values = saved.get(_name(arm))
             if values is not None:
                 stats.seconds = FadingMean(*values[:3]) if with_times else FadingMean()
-                stats.tokens = (FadingMean(*values[3:6]), FadingMean(*values[6:]))
+                stats.gains = (FadingMean(*values[3:6]), FadingMean(*values[6:]))
         if with_times:
             self.ratio = ratio
 

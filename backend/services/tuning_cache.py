@@ -20,7 +20,7 @@ from backend.services.cache_home import cache_home, keep, key_digest
 
 logger = logging.getLogger(__name__)
 
-TUNING_FORMAT = 3  # bump when what TreePolicy.learned() holds changes
+TUNING_FORMAT = 4  # bump when what TreePolicy.learned() holds changes
 Policies = dict[tuple[bool, str], TreePolicy]  # by (sampled, draft sources), as Engine keeps them
 _at_exit: dict[Path, tuple[Policies, dict]] = {}  # what to save at exit, by entry
 

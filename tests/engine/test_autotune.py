@@ -184,6 +184,24 @@ def test_one_bad_round_of_a_deep_chain_does_not_shut_it_out() -> None:
     assert sum(arm == Arm(deepest) for arm in chosen[-50:]) >= 20, Counter(chosen[-50:])
 
 
+@pytest.mark.parametrize("hard_rounds", [30, 60, 100])
+def test_arms_shut_out_by_a_hard_stretch_come_back_when_the_text_gets_easy(hard_rounds) -> None:
+    """Deep chains that lost on hard text must not stay out once their drafts hold (cheap chain
+    steps make them the best arms then): their gains, learned on the hard text, fade until
+    they are tried again."""
+    flat = CostModel(
+        {n: 0.005 * (1 + 0.02 * n) for n in MEASURED_SIZES},
+        draft_step_s=0.0006,
+        chain_step_s=0.00045,
+    )
+    for first, seed in [(first, seed) for first in (0.1, 0.3) for seed in range(6)]:
+        world = World(head_policy(flat), first=first, later=0.2, seed=seed)
+        world.run(hard_rounds)
+        world.first = 0.9
+        chosen = commonest(world.run(400)[-200:])
+        assert chosen.head.top_k == 1 and chosen.depth >= 6, (first, seed, chosen.label())
+
+
 def test_context_drafts_drop_out_when_they_stop_holding_and_come_back() -> None:
     """Text that repeats for a while between stretches that do not: context drafts join within
     a few rounds of each repetition and leave within a few rounds after it."""
@@ -215,30 +233,60 @@ def test_without_a_head_context_drafts_alone_run_and_back_off_to_plain() -> None
 def test_a_round_teaches_only_the_arms_its_head_shape_covers() -> None:
     policy = head_policy(GPU_LIKE)
     tree = TreeConfig(total_tokens=16, depth=5, top_k=4)
-    replayed = {None: 0, **{s: 3 for s in policy.heads if covers(tree, s)}}
+    replayed = {None: 0, **{s: min(3, s.depth) for s in policy.heads if covers(tree, s)}}
     policy.observe(Arm(tree), replayed, [], [], 0, 0.01)
-    assert policy.tokens(Arm(tree)).mean == 4.0
-    assert policy.tokens(Arm()).mean == 1.0
-    assert policy.tokens(Arm(CHAIN6)).count == 0  # depth 6 > 5: not covered
+
+    def gain(arm: Arm):
+        return policy.stats[arm].gains[0]
+
+    def chain(depth: int) -> Arm:
+        return Arm(TreeConfig(total_tokens=depth + 1, depth=depth, top_k=1))
+
+    assert gain(chain(1)).mean == 2.0  # covers no drafting arm: all it accepts
+    assert gain(chain(2)).mean == 1.0 and gain(chain(3)).mean == 1.0  # one more than inside
+    assert gain(chain(4)).mean == 0.0 and gain(Arm(tree)).mean == 0.0  # no more than inside
+    assert gain(Arm(tree)).count == 1 and gain(Arm()).mean == 1.0
+    assert gain(Arm(CHAIN6)).count == 0  # depth 6 > 5: not covered
     assert policy.stats[Arm(tree)].seconds.count == 1
     assert policy.stats[Arm()].seconds.count == 0
+    assert policy.tokens(Arm(tree)) >= policy.tokens(chain(3)) > policy.tokens(chain(2))
+
+
+def test_an_arm_not_run_follows_the_arms_inside_it() -> None:
+    """A gain is learned only on the rounds that cover the arm; between them, its estimate
+    moves with the arms inside it, which learn from every round."""
+    policy = head_policy(GPU_LIKE)
+    deep, inside = Arm(CHAIN6), Arm(TreeConfig(total_tokens=4, depth=3, top_k=1))
+
+    def rounds(verified: TreeConfig, accepted: int, count: int) -> None:
+        covered = [s for s in policy.heads if covers(verified, s)]
+        for _ in range(count):
+            replayed = {None: 0, **{s: min(accepted, s.depth) for s in covered}}
+            policy.observe(Arm(verified), replayed, [], [], 0, None)
+
+    rounds(CHAIN6, 6, 8)  # easy text, on the deep chain
+    deep_before, inside_before = policy.tokens(deep), policy.tokens(inside)
+    rounds(inside.head, 1, WINDOW)  # hard text, on a chain of 3
+    assert 0 < policy.stats[deep].gains[0].count < 8  # its 8 rounds, fading since
+    assert deep_before - policy.tokens(deep) >= inside_before - policy.tokens(inside) > 1.0
+    assert policy.tokens(deep) >= policy.tokens(inside)
 
 
 def test_context_candidates_are_scored_once_the_text_decides() -> None:
     policy = TreePolicy.for_decoding(GPU_LIKE, sampled=False, has_head=False)
     text = [1, 2, 3]
     policy.observe(Arm(), {None: 0}, [(4, 5, 6, 7)], text, start=3, seconds=0.01)
-    assert policy.tokens(Arm(None, 4, 2), hit=False).count == 0  # nothing written after it yet
+    assert policy.stats[Arm(None, 4, 2)].gains[0].count == 0  # nothing written after it yet
     text += [4, 5]
     policy.settle(text)
-    assert policy.tokens(Arm(None, 4, 2), hit=False).count == 0  # 4 and 5 match: 6 may follow
+    assert policy.stats[Arm(None, 4, 2)].gains[0].count == 0  # 4 and 5 match: 6 may follow
     text += [9]
     policy.settle(text)
-    assert policy.tokens(Arm(None, 4, 2), hit=False).mean == 3.0  # two drafts held, plus one
-    assert policy.tokens(Arm()).mean == 1.0
+    assert policy.stats[Arm(None, 4, 2)].gains[0].mean == 3.0  # two held, plus one
+    assert policy.tokens(Arm()) == 1.0
     policy.observe(Arm(), {None: 0}, [(8, 8)], text, start=len(text), seconds=0.01)
     policy.settle(text, final=True)  # the reply ended: what the text showed (nothing)
-    assert policy.tokens(Arm(None, 4, 2), hit=False).count == 2
+    assert policy.stats[Arm(None, 4, 2)].gains[0].count == 2
 
 
 def test_context_arms_run_and_learn_only_on_rounds_with_candidates() -> None:
@@ -252,8 +300,8 @@ def test_context_arms_run_and_learn_only_on_rounds_with_candidates() -> None:
     replayed = {None: 0, **{s: 1 for s in policy.heads}}
     policy.observe(Arm(), replayed, [], text, start=4, seconds=0.01)
     policy.settle(text + [5, 6], final=True)
-    assert policy.tokens(Arm(policy.heads[0]), hit=False).count == 1
-    assert all(policy.tokens(arm, hit=False).count == 0 for arm in policy.arms if arm.context)
+    assert policy.stats[Arm(policy.heads[0])].gains[0].count == 1
+    assert all(policy.stats[arm].gains[0].count == 0 for arm in policy.arms if arm.context)
 
 
 def test_an_arm_not_run_is_priced_by_calibration_times_the_machines_ratio() -> None:
@@ -268,10 +316,11 @@ def test_an_arm_not_run_is_priced_by_calibration_times_the_machines_ratio() -> N
 
 def test_means_fade_after_a_window_of_rounds() -> None:
     policy = head_policy(GPU_LIKE)
-    for tokens in [1] * 100 + [5] * WINDOW:
-        policy.observe(Arm(CHAIN6), {None: 0, CHAIN6: tokens - 1}, [], [], 0, None)
-    mean = policy.tokens(Arm(CHAIN6))
-    assert mean.count == WINDOW and 3.5 < mean.mean < 5.0
+    first = policy.heads[0]  # one draft
+    for accepted in [0] * 100 + [1] * WINDOW:
+        policy.observe(Arm(first), {None: 0, first: accepted}, [], [], 0, None)
+    mean = policy.stats[Arm(first)].gains[0]
+    assert mean.count == WINDOW and 1.5 < mean.mean < 2.0
 
 
 def test_the_choice_is_reproducible_for_a_seed() -> None:
@@ -293,8 +342,8 @@ def test_what_it_learned_round_trips_and_times_can_be_left_out() -> None:
     fresh_times = head_policy(CPU_LIKE)
     fresh_times.restore(saved, with_times=False)
     assert all(s.seconds.count == 0 for s in fresh_times.stats.values())
-    assert {a: s.tokens for a, s in fresh_times.stats.items()} == {
-        a: s.tokens for a, s in world.policy.stats.items()
+    assert {a: s.gains for a, s in fresh_times.stats.items()} == {
+        a: s.gains for a, s in world.policy.stats.items()
     }
 
 
