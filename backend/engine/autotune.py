@@ -178,8 +178,9 @@ class TreePolicy:
             floor = max((known[small] for small, _ in covered), default=0.0)
             base = known[covered[-1][0]] if covered else 0.0  # its gain is over this one's
             prior = self._prior(arm, covered, known) - base
-            known.append(max(base + _drawn(gain, prior, PRIOR_SPREAD, 0.0), floor))
-            drawn.append(max(base + _drawn(gain, prior, PRIOR_SPREAD, luck), floor))
+            centre, deviation = _posterior(gain, prior, PRIOR_SPREAD)  # once for both
+            known.append(max(base + centre, floor))
+            drawn.append(max(base + (centre + deviation * luck), floor))
         return drawn
 
     def _covered(self, i: int) -> list[tuple[int, float | None]]:
@@ -295,14 +296,20 @@ class TreePolicy:
 
 
 def _drawn(mean: FadingMean, prior: float, spread: float, luck: float) -> float:
-    """A normal posterior's mean ``luck`` standard deviations off: a prior of one observation at
+    """A normal posterior's mean ``luck`` standard deviations off (see _posterior)."""
+    centre, deviation = _posterior(mean, prior, spread)
+    return centre + deviation * luck
+
+
+def _posterior(mean: FadingMean, prior: float, spread: float) -> tuple[float, float]:
+    """A normal posterior's mean and standard deviation: a prior of one observation at
     ``prior``, give or take ``spread``, pooled with the observations (their spread, and how far
     their mean lies from the prior)."""
     count = mean.count
     centre = (prior + count * mean.mean) / (count + 1.0)
     disagreement = count / (count + 1.0) * (mean.mean - prior) ** 2
     variance = (spread**2 + count * mean.spread + disagreement) / (count + 1.0)
-    return centre + math.sqrt(variance / (count + 1.0)) * luck
+    return centre, math.sqrt(variance / (count + 1.0))
 
 
 def _shape(head: TreeConfig | None) -> tuple[int, int, int]:
