@@ -2,9 +2,9 @@
 rule and the reason for every constant.
 
 An arm is a head shape (or none) plus a context option (or none); its value is tokens per round
-over measured seconds per round. Its tokens are what the arms it covers accept now plus its
-replayed gain over them, a fading mean; its seconds a fading mean of its rounds. Thompson sampling
-with one normal draw per round picks the arm.
+over seconds per round. Its tokens: what the largest arm it covers accepts, plus its replayed gain
+over that arm (a fading mean); its seconds: a fading mean of its rounds, seeded by calibration.
+Thompson sampling with one normal draw per round picks the arm.
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from backend.engine.calibration import CostModel
 from backend.engine.context_drafts import matched_length
 from backend.engine.replay import covers
 
-
-def _shapes(*specs: tuple[int, int, int]) -> tuple[TreeConfig, ...]:
-    return tuple(TreeConfig(total_tokens=n, depth=d, top_k=k) for n, d, k in specs)
-
-
 # The head's shapes on offer (total tokens incl. the root / depth / top-k): chains, and trees
 # from narrow to wide. Sampled drafts are drawn as chains (drafter.py): a second sampled branch
 # mostly re-draws what the first covered.
-HEAD_SHAPES = _shapes(*((d + 1, d, 1) for d in range(1, 9))) + _shapes(
-    (8, 4, 2), (12, 5, 3), (16, 5, 4), (16, 5, 10), (24, 6, 4), (32, 6, 8), (48, 7, 8), (60, 7, 10)
+HEAD_SHAPES = tuple(
+    TreeConfig(total_tokens=n, depth=d, top_k=k)
+    for n, d, k in [(depth + 1, depth, 1) for depth in range(1, 9)]
+    + [(8, 4, 2), (12, 5, 3), (16, 5, 4), (16, 5, 10)]
+    + [(24, 6, 4), (32, 6, 8), (48, 7, 8), (60, 7, 10)]
 )
 SAMPLED_SHAPES = HEAD_SHAPES[:8]
 CONTEXT_OPTIONS = ((4, 2), (12, 1), (32, 1))  # (tokens per chain, chains at most)
@@ -55,6 +53,11 @@ class Arm:
     def drafts(self) -> bool:
         return self.head is not None or self.context > 0
 
+    def covers(self, other: Arm) -> bool:
+        """Whether this arm verifies every draft of ``other`` too, so accepts at least as much."""
+        heads = other.head is None or (self.head is not None and covers(self.head, other.head))
+        return heads and other.context <= self.context and other.chains <= self.chains
+
     def label(self) -> str:
         parts = [self.head.label()] if self.head else []
         if self.context:
@@ -77,13 +80,23 @@ class FadingMean:
         self.mean += weight * delta
         self.spread = (1.0 - weight) * (self.spread + weight * delta * delta)
 
+    def posterior(self, prior: float, spread: float) -> tuple[float, float]:
+        """A normal posterior's mean and standard deviation: a prior of one observation at
+        ``prior``, give or take ``spread``, pooled with the observations (their spread, and how
+        far their mean lies from the prior)."""
+        count = self.count
+        centre = (prior + count * self.mean) / (count + 1.0)
+        disagreement = count / (count + 1.0) * (self.mean - prior) ** 2
+        variance = (spread**2 + count * self.spread + disagreement) / (count + 1.0)
+        return centre, math.sqrt(variance / (count + 1.0))
+
 
 @dataclass(slots=True)
 class ArmStats:
     seconds: FadingMean = field(default_factory=FadingMean)  # of the rounds it ran
-    # replayed tokens per round beyond the most that the arms it covers accepted on the same
-    # round (all of them for an arm that covers none): after a context miss (every round for an
-    # arm without context drafts), and after a hit
+    # its replayed tokens per round beyond those of the largest arm it covers (all of them for an
+    # arm that covers none): after a context miss (every round for an arm without context
+    # drafts), and after a hit
     gains: tuple[FadingMean, FadingMean] = field(
         default_factory=lambda: (FadingMean(), FadingMean())
     )
@@ -98,6 +111,24 @@ class _Pending:
     replayed: dict[TreeConfig | None, int]  # accepted head drafts of the covered head shapes
     hit: bool  # the round came right after a context hit
     options: set[tuple[int, int]]  # (length, chains) of the context options still to teach
+    decided: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def context(self, length: int, chains: int, text: Sequence[int], final: bool) -> int | None:
+        """Tokens of the first ``chains`` candidates the text repeats; None while it has not
+        decided them (``final``: the reply ended, take what the text shows)."""
+        if (length, chains) not in self.decided:
+            candidates = self.candidates[:chains]
+            matched = [matched_length(c[:length], text, self.start) for c in candidates]
+            if None in matched and not final:
+                return None
+            repeated = (len(text) - self.start if m is None else m for m in matched)
+            self.decided[length, chains] = max(repeated, default=0)
+        return self.decided[length, chains]
+
+    def accepted(self, arm: Arm, text: Sequence[int], final: bool) -> float | None:
+        head = self.replayed.get(arm.head)  # None: a head shape the round did not cover
+        context = self.context(arm.context, arm.chains, text, final)
+        return None if head is None or context is None else 1.0 + max(head, context)
 
 
 def head_menu(costs: CostModel, shapes: Sequence[TreeConfig]) -> list[TreeConfig]:
@@ -113,19 +144,25 @@ class TreePolicy:
         self.costs, self.arms = costs, tuple(arms)
         self.stats = {arm: ArmStats() for arm in self.arms}
         self.heads = sorted({a.head for a in self.arms if a.head}, key=lambda s: s.total_tokens)
-        self._calibrated = {arm: self.calibrated_s(arm) for arm in self.arms}
-        self._order = sorted(self.arms, key=lambda a: (_shape(a.head), a.context, a.chains))
-        self._rows = [
-            (a, self.stats[a], self._calibrated[a], self._covered(i))
-            for i, a in enumerate(self._order)
-        ]
+        self.calibrated = {a: costs.round_s(a.head, a.context, a.chains) for a in self.arms}
+        shape = lambda h: (h.total_tokens, h.depth, h.top_k) if h else (0, 0, 0)  # noqa: E731
+        self._order = sorted(self.arms, key=lambda a: (shape(a.head), a.context, a.chains))
+        # per arm, in _order: the positions of the largest drafting arms it covers (the last
+        # one is the arm its gain is over), and how many times deeper its head is than theirs
+        # when that is all it adds (see _prior)
+        self._rows: list[tuple[Arm, ArmStats, float, list[tuple[int, float | None]]]] = []
+        self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats, Arm | None]]] = {}
+        for i, arm in enumerate(self._order):
+            inside = [b for b in self._order[:i] if b.drafts and arm.covers(b)]
+            largest = [b for b in inside if not any(c != b and c.covers(b) for c in inside)]
+            covered = [(self._order.index(b), _growth(b, arm)) for b in largest]
+            self._rows.append((arm, self.stats[arm], self.calibrated[arm], covered))
+            below = largest[-1] if largest else None
+            option = self._by_option.setdefault((arm.context, arm.chains), [])
+            option.append((arm, self.stats[arm], below))
         self.ratio = FadingMean(mean=1.0)  # real / calibrated round time
         self.hit = False  # the last round's context candidate held its first token
         self._pending: list[_Pending] = []  # rounds whose context candidates are undecided
-        self._by_option: dict[tuple[int, int], list[tuple[Arm, ArmStats, Arm | None]]] = {}
-        for arm, stats, _, covered in self._rows:
-            below = self._order[covered[-1][0]] if covered else None  # see _tokens
-            self._by_option.setdefault((arm.context, arm.chains), []).append((arm, stats, below))
         # the longest chains and most of them that any arm carries: what a round looks up
         self.context_request = (max(a.context for a in arms), max(a.chains for a in arms))
         self._random = random.Random(seed)
@@ -152,7 +189,8 @@ class TreePolicy:
             self._rows, self._tokens(luck, candidates, self.hit)
         ):
             seed = calibrated * ratio
-            speed = tokens / max(_drawn(stats.seconds, seed, 0.0, -luck), seed / 10)
+            centre, deviation = stats.seconds.posterior(seed, 0.0)
+            speed = tokens / max(centre - deviation * luck, seed / 10)
             if speed > best_speed:
                 best, best_speed = arm, speed
         return best
@@ -160,8 +198,11 @@ class TreePolicy:
     def tokens(self, arm: Arm, hit: bool | None = None) -> float:
         """The arm's expected tokens per round after a context hit or miss (default: as after
         the last round)."""
-        hit = self.hit if hit is None else hit
-        return self._tokens(0.0, True, hit)[self._order.index(arm)]
+        return self._tokens(0.0, True, self.hit if hit is None else hit)[self._order.index(arm)]
+
+    def seconds(self, arm: Arm) -> float:
+        """The arm's expected seconds per round (its posterior mean)."""
+        return self.stats[arm].seconds.posterior(self.calibrated[arm] * self.ratio.mean, 0.0)[0]
 
     def _tokens(self, luck: float, candidates: bool, hit: bool) -> list[float]:
         """Every arm's tokens per round in ``_order``, its gain drawn ``luck`` standard
@@ -174,46 +215,13 @@ class TreePolicy:
                 known.append(float(not arm.drafts))  # the plain step: one token, surely
                 drawn.append(known[-1])
                 continue
-            gain = stats.gains[hit and arm.context > 0]
             floor = max((known[small] for small, _ in covered), default=0.0)
-            base = known[covered[-1][0]] if covered else 0.0  # its gain is over this one's
-            prior = self._prior(arm, covered, known) - base
-            centre, deviation = _posterior(gain, prior, PRIOR_SPREAD)  # once for both
+            base = known[covered[-1][0]] if covered else 0.0
+            prior = _prior(arm, covered, known) - base
+            centre, deviation = stats.gains[hit and arm.context > 0].posterior(prior, PRIOR_SPREAD)
             known.append(max(base + centre, floor))
-            drawn.append(max(base + (centre + deviation * luck), floor))
+            drawn.append(max(base + centre + deviation * luck, floor))
         return drawn
-
-    def _covered(self, i: int) -> list[tuple[int, float | None]]:
-        """The positions of arm ``i``'s largest covered drafting arms (it accepts at least
-        what they accept, round by round), and how many times deeper its head is than theirs
-        when that is all it adds (see _prior)."""
-        arm = self._order[i]
-        covered = _largest_covered(arm, self._order[:i])
-        return [(self._order.index(c), _growth(c, arm)) for c in covered if c.drafts]
-
-    @staticmethod
-    def _prior(arm: Arm, covered: list[tuple[int, float | None]], known: list[float]) -> float:
-        """The arm's prior mean: the most that the drafting arms it covers accept (``known``),
-        grown to its head's depth when it only deepens theirs; else PRIOR_ACCEPT per draft."""
-        best = 0.0
-        for small, growth in covered:
-            best = max(best, 1.0 + (known[small] - 1.0) * growth if growth else known[small])
-        return best or 1.0 + sum(PRIOR_ACCEPT**d for d in range(1, arm.depth + 1))
-
-    def seconds(self, arm: Arm) -> float:
-        """The arm's expected seconds per round (its posterior mean)."""
-        return _drawn(self.stats[arm].seconds, self._calibrated[arm] * self.ratio.mean, 0.0, 0.0)
-
-    def calibrated_s(self, arm: Arm) -> float:
-        """The arm's round as calibration priced it: the head's round, plus verifying its
-        context tokens on top of the head's nodes."""
-        seconds = self.costs.round_s(arm.head)
-        if arm.context:
-            size = arm.head.total_tokens if arm.head else 1
-            chain = arm.chains == 1 and (arm.head is None or arm.head.top_k == 1)
-            extra = size + arm.context * arm.chains
-            seconds += self.costs.verify(extra, chain) - self.costs.verify(size, chain)
-        return seconds
 
     # ---- learning ------------------------------------------------------------------------
     def observe(
@@ -230,7 +238,7 @@ class TreePolicy:
         with candidates, so they learn from those alone)."""
         if seconds is not None:
             self.stats[arm].seconds.add(seconds)
-            self.ratio.add(seconds / self._calibrated[arm])
+            self.ratio.add(seconds / self.calibrated[arm])
         for _, stats, _, covered in self._rows:  # those that cover none learn on most rounds
             for mean in stats.gains if covered else ():
                 mean.count *= 1.0 - FORGET
@@ -242,30 +250,15 @@ class TreePolicy:
     def settle(self, text: Sequence[int], final: bool = False) -> None:
         """Teach each arm a pending round's outcome once the text has decided its context
         candidates as far as the arm's chains reach (``final``: the reply ended, take what the
-        text shows)."""
+        text shows). An arm's reference covers fewer of them, so is decided by then too."""
         for pending in self._pending:
-            decided: dict[tuple[int, int], int | None] = {}
-
-            def context(length: int, chains: int, pending=pending, decided=decided) -> int | None:
-                """Tokens of the first ``chains`` candidates the text repeats; None while it
-                has not decided them."""
-                if (length, chains) not in decided:
-                    start, candidates = pending.start, pending.candidates[:chains]
-                    matched = [matched_length(c[:length], text, start) for c in candidates]
-                    repeated = (len(text) - start if m is None else m for m in matched)
-                    undecided = None in matched and not final
-                    decided[length, chains] = None if undecided else max(repeated, default=0)
-                return decided[length, chains]
-
-            def accepted(arm: Arm, pending=pending) -> float | None:
-                head = pending.replayed.get(arm.head)  # None: a head shape not covered
-                return None if head is None else 1.0 + max(head, context(arm.context, arm.chains))
-
-            for option in [o for o in pending.options if context(*o) is not None]:
+            for option in [
+                o for o in pending.options if pending.context(*o, text, final) is not None
+            ]:
                 for arm, stats, below in self._by_option[option]:
-                    tokens = accepted(arm)
+                    tokens = pending.accepted(arm, text, final)
                     if tokens is not None:
-                        base = accepted(below) if below is not None else 0.0
+                        base = pending.accepted(below, text, final) if below else 0.0
                         stats.gains[pending.hit and arm.context > 0].add(tokens - base)
                 pending.options.discard(option)
         self._pending = [pending for pending in self._pending if pending.options]
@@ -273,10 +266,8 @@ class TreePolicy:
     # ---- what it learned, kept across launches (backend/services/tuning_cache.py) --------
     def learned(self) -> dict:
         means = lambda *m: [v for mean in m for v in (mean.count, mean.mean, mean.spread)]  # noqa: E731
-        return {
-            "arms": {_name(a): means(s.seconds, *s.gains) for a, s in self.stats.items()},
-            "ratio": means(self.ratio),
-        }
+        arms = {a.label(): means(s.seconds, *s.gains) for a, s in self.stats.items()}
+        return {"arms": arms, "ratio": means(self.ratio)}
 
     def restore(self, data: dict, with_times: bool = True) -> None:
         """Take up what ``learned`` saved for the arms on offer now; ``with_times`` False when
@@ -286,8 +277,8 @@ class TreePolicy:
         ratio = FadingMean(*(float(v) for v in data["ratio"]))
         if any(len(values) != 9 for values in saved.values()):
             raise ValueError("tuning state of another form")
-        for arm, stats in self.stats.items():  # in place: the tables above hold them
-            values = saved.get(_name(arm))
+        for arm, stats in self.stats.items():  # in place: the rows above hold them
+            values = saved.get(arm.label())
             if values is not None:
                 stats.seconds = FadingMean(*values[:3]) if with_times else FadingMean()
                 stats.gains = (FadingMean(*values[3:6]), FadingMean(*values[6:]))
@@ -295,25 +286,13 @@ class TreePolicy:
             self.ratio = ratio
 
 
-def _drawn(mean: FadingMean, prior: float, spread: float, luck: float) -> float:
-    """A normal posterior's mean ``luck`` standard deviations off (see _posterior)."""
-    centre, deviation = _posterior(mean, prior, spread)
-    return centre + deviation * luck
-
-
-def _posterior(mean: FadingMean, prior: float, spread: float) -> tuple[float, float]:
-    """A normal posterior's mean and standard deviation: a prior of one observation at
-    ``prior``, give or take ``spread``, pooled with the observations (their spread, and how far
-    their mean lies from the prior)."""
-    count = mean.count
-    centre = (prior + count * mean.mean) / (count + 1.0)
-    disagreement = count / (count + 1.0) * (mean.mean - prior) ** 2
-    variance = (spread**2 + count * mean.spread + disagreement) / (count + 1.0)
-    return centre, math.sqrt(variance / (count + 1.0))
-
-
-def _shape(head: TreeConfig | None) -> tuple[int, int, int]:
-    return (head.total_tokens, head.depth, head.top_k) if head else (0, 0, 0)
+def _prior(arm: Arm, covered: list[tuple[int, float | None]], known: list[float]) -> float:
+    """The arm's prior mean: the most that the drafting arms it covers accept (``known``),
+    grown to its head's depth when it only deepens theirs; else PRIOR_ACCEPT per draft."""
+    best = 0.0
+    for small, growth in covered:
+        best = max(best, 1.0 + (known[small] - 1.0) * growth if growth else known[small])
+    return best or 1.0 + sum(PRIOR_ACCEPT**d for d in range(1, arm.depth + 1))
 
 
 def _growth(small: Arm, big: Arm) -> float | None:
@@ -321,20 +300,3 @@ def _growth(small: Arm, big: Arm) -> float | None:
     if small.head is None or (small.context, small.chains) != (big.context, big.chains):
         return None
     return big.head.depth / small.head.depth
-
-
-def _largest_covered(arm: Arm, smaller: Sequence[Arm]) -> list[Arm]:
-    """The arms among ``smaller`` whose drafts ``arm`` verifies too, without those that another
-    of them covers."""
-    inside = [b for b in smaller if b != arm and _covers(arm, b)]
-    return [b for b in inside if not any(c != b and _covers(c, b) for c in inside)]
-
-
-def _covers(big: Arm, small: Arm) -> bool:
-    heads = small.head is None or (big.head is not None and covers(big.head, small.head))
-    return heads and small.context <= big.context and small.chains <= big.chains
-
-
-def _name(arm: Arm) -> str:  # "16/5/4|12x1", "-|0x0" for the plain step
-    head = "/".join(map(str, _shape(arm.head))) if arm.head else "-"
-    return f"{head}|{arm.context}x{arm.chains}"

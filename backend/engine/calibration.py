@@ -62,9 +62,18 @@ class CostModel:
                 return table[known]
         return table[sizes[-1]] * size / sizes[-1]
 
-    def round_s(self, tree: TreeConfig | None) -> float:
+    def round_s(self, tree: TreeConfig | None, context: int = 0, chains: int = 1) -> float:
         """A whole round of ``tree`` (None: a plain step): as timed, else verification plus
-        draft steps."""
+        draft steps; with ``chains`` context chains of ``context`` tokens merged in, plus
+        verifying those on top of the head's nodes."""
+        seconds = self._head_round_s(tree)
+        if context:
+            size = tree.total_tokens if tree else 1
+            chain = chains == 1 and (tree is None or tree.top_k == 1)
+            seconds += self.verify(size + context * chains, chain) - self.verify(size, chain)
+        return seconds
+
+    def _head_round_s(self, tree: TreeConfig | None) -> float:
         if tree is None:
             return self.verify(1)
         timed = self.rounds_s.get(tree.label())

@@ -38,29 +38,33 @@ def replay_accepted(
 ) -> list[int]:
     """Accepted drafts each candidate shape would have had on this round (greedy decoding).
 
-    ``correct[i]``: node i's token is the target's choice after its parent (root True)."""
+    ``correct[i]``: node i's token is the target's choice after its parent (root True). Plain
+    Python: the trees are small, and this runs on every round."""
     if not candidates:
         return []
-    ancestors = tree.ancestors.cpu()
-    depths = tree.depths.cpu()
-    right_path = ~(ancestors & ~correct.cpu()[None, :]).any(dim=1)  # [N]
+    parents, depths, verdicts = tree.parents.tolist(), tree.depths.tolist(), correct.tolist()
+    right = [True] * len(parents)  # every node on the path is the target's choice
+    for node in range(1, len(parents)):  # parents precede children
+        right[node] = verdicts[node] and right[parents[node]]
     if tree.ranks is None or tree.scores is None:  # a chain: shapes keep a prefix
-        reach = int(depths[right_path].max())
+        reach = max(depth for depth, ok in zip(depths, right) if ok)
         return [min(reach, c.depth, c.total_tokens - 1) for c in candidates]
-    limits = torch.tensor([[c.total_tokens - 1, c.depth, c.top_k] for c in candidates])
-    ranks_ok = tree.ranks.cpu()[None, :] < limits[:, 2:3]  # [C, N]
-    # a node is eligible when every node on its path (itself included) is within the width
-    off_path = (~ranks_ok).to(torch.int32) @ ancestors.T.to(torch.int32)  # [C, N]
-    eligible = (off_path == 0) & (depths[None, :] <= limits[:, 1:2])
-    eligible[:, 0] = False  # the root is not a draft
-    scores = tree.scores.cpu().float()[None, :].expand(len(candidates), -1)
-    masked = torch.where(eligible, scores, torch.full_like(scores, -torch.inf))
-    order = torch.sort(masked, dim=1, descending=True, stable=True).indices
-    place = torch.empty_like(order)
-    place.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
-    kept = eligible & (place < limits[:, 0:1])
-    reached = torch.where(kept & right_path[None, :], depths[None, :], 0)
-    return reached.amax(dim=1).tolist()  # amax: max(dim) takes a slow parallel path on CPUs
+    ranks, scores = tree.ranks.tolist(), tree.scores.float().tolist()
+    widest = [ranks[0]] * len(parents)  # the largest rank on the path, the node's own included
+    for node in range(1, len(parents)):
+        widest[node] = max(widest[parents[node]], ranks[node])
+    best_first = sorted(range(1, len(parents)), key=lambda node: -scores[node])  # stable
+    reached = []
+    for shape in candidates:
+        kept, deepest = 0, 0
+        for node in best_first:  # the drafter keeps the N - 1 best-scored eligible nodes
+            if kept == shape.total_tokens - 1:
+                break
+            if depths[node] <= shape.depth and widest[node] < shape.top_k:
+                kept += 1
+                deepest = max(deepest, depths[node]) if right[node] else deepest
+        reached.append(deepest)
+    return reached
 
 
 def replay_heads(

@@ -13,14 +13,16 @@ import atexit
 import json
 import logging
 from pathlib import Path
+from typing import get_args
 
+from backend.config import DraftSources
 from backend.engine.autotune import TreePolicy
 from backend.engine.engine import Engine
 from backend.services.cache_home import cache_home, keep, key_digest
 
 logger = logging.getLogger(__name__)
 
-TUNING_FORMAT = 4  # bump when what TreePolicy.learned() holds changes
+TUNING_FORMAT = 5  # bump when what is saved changes
 Policies = dict[tuple[bool, str], TreePolicy]  # by (sampled, draft sources), as Engine keeps them
 _at_exit: dict[Path, tuple[Policies, dict]] = {}  # what to save at exit, by entry
 
@@ -32,40 +34,28 @@ def _entry(key: dict) -> Path:
 def restore(engine: Engine, key: dict, with_times: bool) -> bool:
     """Give ``engine`` the policies saved under ``key``; ``with_times`` False when its costs
     were timed again at this load (the saved time factors are relative to the old ones)."""
-    path = _entry(key)
+    path, restored = _entry(key), False
     try:
-        saved = json.loads(path.read_text())
-        policies = {}
-        for name, learned in saved.items():
-            sampled, drafts = _key_of(name)
+        for sampled, drafts, learned in json.loads(path.read_text()):
+            if not isinstance(sampled, bool) or drafts not in get_args(DraftSources):
+                raise ValueError(f"unknown policy {sampled!r}, {drafts!r}")
             policy = engine.tree_policy(sampled, drafts)
             if policy is not None:
                 policy.restore(learned, with_times)
-                policies[sampled, drafts] = policy
+                restored = True
     except FileNotFoundError:
         return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         logger.warning("ignoring the unreadable tuning state %s: %s", path, err)
         return False
-    return bool(policies)
-
-
-def _name(sampled: bool, drafts: str) -> str:
-    return f"{'sampled' if sampled else 'greedy'}/{drafts}"
-
-
-def _key_of(name: str) -> tuple[bool, str]:
-    kind, drafts = name.split("/")
-    if kind not in ("greedy", "sampled") or drafts not in ("head", "context", "both"):
-        raise ValueError(f"unknown policy {name!r}")
-    return kind == "sampled", drafts
+    return restored
 
 
 def save(policies: Policies, key: dict) -> None:
     """Best effort: a read-only or full disk (or a reply still decoding while the process
     ends, changing the estimates under the copy) only means starting from less next time."""
     try:
-        learned = {_name(*kind): policy.learned() for kind, policy in policies.items()}
+        learned = [[*kind, policy.learned()] for kind, policy in policies.items()]
     except RuntimeError as err:
         logger.warning("could not save the tuning state: %s", err)
         return

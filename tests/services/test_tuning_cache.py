@@ -46,12 +46,20 @@ def test_a_second_load_starts_from_what_the_first_learned(pair_on_disk) -> None:
     assert restored.stats == learned.stats and restored.ratio == learned.ratio
 
 
-def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog) -> None:
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        '[[false, "both", {"arms": {"plain": [0.5]}, "ratio": [1, 1, 0]}]]',  # short values
+        '[[false, "all", {"arms": {}, "ratio": [1, 1, 0]}]]',  # unknown draft sources
+        '{"greedy/both": {"arms": {}, "ratio": [1, 1, 0]}}',  # another layout
+    ],
+)
+def test_a_damaged_entry_is_ignored_with_a_warning(pair_on_disk, caplog, damaged: str) -> None:
     first = load(pair_on_disk)
     reply(first)
     tuning_cache.save(first.engine.policies, first.tuning_key)
     (entry,) = (cache_home() / "tuning").glob("*.json")
-    entry.write_text('{"greedy/both": {"arms": {"-|0x0": [0.5]}, "ratio": [1, 1, 0]}}')
+    entry.write_text(damaged)
     with caplog.at_level(logging.WARNING):
         second = load(pair_on_disk)
     assert not second.tuning_restored
