@@ -94,12 +94,9 @@ class FadingMean:
 @dataclass(slots=True)
 class ArmStats:
     seconds: FadingMean = field(default_factory=FadingMean)  # of the rounds it ran
-    # its replayed tokens per round beyond those of the largest arm it covers (all of them for an
-    # arm that covers none): after a context miss (every round for an arm without context
-    # drafts), and after a hit
-    gains: tuple[FadingMean, FadingMean] = field(
-        default_factory=lambda: (FadingMean(), FadingMean())
-    )
+    # replayed tokens per round beyond the largest arm it covers (all, for an arm covering none):
+    # after a context miss (every round for an arm without context drafts), and after a hit
+    gains: tuple[FadingMean, ...] = field(default_factory=lambda: (FadingMean(), FadingMean()))
 
 
 @dataclass(slots=True)
