@@ -15,11 +15,10 @@ COLD=(--cold-runs 3 --repeats 1)
 ONCE=(--cold-runs 1 --repeats 1)  # the slowest Gemma suites: one cold run (tens of minutes each)
 TUNER_BEFORE=b56979a  # the last revision with the tuner of scouts, lessons and time families
 GEMMA_TREES=(12/5/3 chain6)
-NAMES=(demo-eagle3-trees demo-eagle1-trees demo-repeats ab-demo-eagle3 ab-demo-eagle1 random-head
-       long-prompts gemma-trees gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats
-       gemma-nohead-prose gemma-int8 gemma-int8-wiki gemma-race-loop gemma-load
-       official-eagle-demo-eagle3)
-# Also known, run only when named (no current table rests on it): demo-partial-trees.
+NAMES=(demo-eagle3-trees demo-eagle1-trees demo-partial-trees demo-repeats ab-demo-eagle3
+       ab-demo-eagle1 ab-demo-partial ab-gemma random-head long-prompts gemma-trees
+       gemma-repeats-t0 gemma-repeats-t1 gemma-nohead-repeats gemma-nohead-prose gemma-int8
+       gemma-int8-wiki gemma-race-loop gemma-load official-eagle-demo-eagle3)
 
 bench() {  # NAME ARGS...: one bench command into bench-results/NAME
     local name=$1
@@ -47,6 +46,13 @@ suite() {
             local head=assets/demo/head-${1#ab-demo-}
             bench "$1" --target assets/demo/target --head "$head" --drafts head --no-prompt-lookup \
                 "${COLD[@]}" --against "$TUNER_BEFORE" ;;
+        ab-demo-partial)  # the same A/B with the partly trained head
+            [ -f work/partial/eagle3-124/config.json ] || bash scripts/make-partial-head.sh
+            bench "$1" --target assets/demo/target --head work/partial/eagle3-124 --drafts head \
+                --no-prompt-lookup "${COLD[@]}" --against "$TUNER_BEFORE" ;;
+        ab-gemma)  # the same A/B on Gemma 3 270M, the prose of gemma-trees
+            bench "$1" --pair gemma3-270m --prompts "$PROSE" --limit 8 --drafts head \
+                --no-prompt-lookup "${COLD[@]}" --against "$TUNER_BEFORE" ;;
         random-head)  # random target and head of one shape: drafts that never hold
             bench "$1" --synthetic small --drafts head --no-prompt-lookup "${COLD[@]}" ;;
         long-prompts)  # drafts that always hold: round costs alone, at 32 and 1,536 tokens
@@ -54,7 +60,7 @@ suite() {
                 --drafts head --compare-trees 8/4/2 16/5/4 32/6/8 chain6 --no-prompt-lookup ;;
         gemma-trees)
             bench "$1" --pair gemma3-270m --prompts "$PROSE" --limit 8 --drafts both head \
-                --compare-trees "${GEMMA_TREES[@]}" --no-prompt-lookup "${ONCE[@]}" ;;
+                --compare-trees "${GEMMA_TREES[@]}" --no-prompt-lookup "${COLD[@]}" ;;
         gemma-repeats-t0)
             bench "$1" --pair gemma3-270m --prompts repeats --limit 8 --drafts both head \
                 --no-prompt-lookup "${COLD[@]}" ;;
@@ -99,7 +105,7 @@ REPORT
             $PY -m tests.interop.reference_speed --eagle-source "${EAGLE_SOURCE:?set EAGLE_SOURCE to a SafeAILab/EAGLE checkout}" \
                 --target assets/demo/target --head assets/demo/head-eagle3 --turns 3 \
                 --out "bench-results/$1" ;;
-        *) echo "unknown result $1 (known: ${NAMES[*]} demo-partial-trees)" >&2
+        *) echo "unknown result $1 (known: ${NAMES[*]})" >&2
            return 2 ;;
     esac
 }
