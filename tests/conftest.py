@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -15,8 +17,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-# Measured tree costs go to a per-session folder, never into the user's ~/.cache.
-os.environ.setdefault("EAGLECHAT_CACHE_DIR", tempfile.mkdtemp(prefix="eaglechat-test-cache-"))
+# Measured tree costs and GGUF conversions go to a per-session folder, never into the user's
+# ~/.cache; removed at exit (after the tuner's own exit hook saved into it), since a Gemma
+# conversion alone fills a gigabyte per session.
+if "EAGLECHAT_CACHE_DIR" not in os.environ:
+    os.environ["EAGLECHAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eaglechat-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["EAGLECHAT_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
