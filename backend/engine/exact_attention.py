@@ -10,7 +10,9 @@ can move a step, and greedy EAGLE would drift from vanilla decoding of the same 
 
 Here every query row of a decoding call (at most EXACT_ROWS rows: steps, chains, trees) is
 computed on its own, over exactly the keys it may see, in position order: the same tensors of
-the same shapes as a one-token step at that position, hence the same bits. Larger calls (the
+the same shapes as a one-token step at that position, hence the same bits. Keys that form one
+unbroken run (every step and chain row, a sliding window) are read in place; a tree row's keys
+(the past and its own ancestors) are gathered. Larger calls (the
 prompt) run transformers' SDPA as usual: vanilla decoding and EAGLE share that call anyway.
 """
 
@@ -59,11 +61,16 @@ def exact_attention_forward(
     visible = _visible(attention_mask, rows, key.shape[2], options.get("sliding_window"))
     kv_heads, head_dim = key.shape[1], key.shape[3]
     groups = query.shape[1] // kv_heads
+    runs = _runs(visible)
     out = []
     for row in range(rows):
-        keys = visible[row].nonzero().squeeze(1)  # the positions it sees, in order
-        k = key[0].index_select(1, keys)  # [kv_heads, n, head_dim]
-        v = value[0].index_select(1, keys)
+        if runs[row] is not None:  # one run of keys (steps, chains, windows): read in place
+            start, stop = runs[row]
+            k, v = key[0, :, start:stop], value[0, :, start:stop]  # [kv_heads, n, head_dim]
+        else:
+            keys = visible[row].nonzero().squeeze(1)  # the positions it sees, in order
+            k = key[0].index_select(1, keys)
+            v = value[0].index_select(1, keys)
         q = query[0, :, row].reshape(kv_heads, groups, head_dim).contiguous()
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [kv_heads, groups, n]
         if softcap is not None:
@@ -71,6 +78,19 @@ def exact_attention_forward(
         weights = scores.float().softmax(-1).to(v.dtype)
         out.append(torch.matmul(weights, v).reshape(kv_heads * groups, head_dim))
     return torch.stack(out)[None], None  # [1, q, heads, head_dim]
+
+
+def _runs(visible: torch.Tensor) -> list[tuple[int, int] | None]:
+    """Per query row, (start, stop) when the keys it sees are one unbroken run, else None."""
+    count = visible.sum(-1)
+    start = visible.int().argmax(-1)
+    position = torch.arange(visible.shape[-1])
+    run = (position >= start[:, None]) & (position < (start + count)[:, None])
+    whole = ((run == visible).all(-1) & (count > 0)).tolist()
+    return [
+        (first, first + n) if ok else None
+        for ok, first, n in zip(whole, start.tolist(), count.tolist())
+    ]
 
 
 def _visible(mask: torch.Tensor | None, rows: int, keys: int, window: int | None) -> torch.Tensor:

@@ -12,10 +12,13 @@ quantizes all rows with one fixed scale and zero point (``ACTIVATION_SCALE``, ``
 the product sums exact integers, and the row's magnitude is multiplied back on the float output
 (the bias added after). Nothing in a row's arithmetic depends on another row.
 
-Each swapped linear keeps its int8 values as its ``weight`` (a tied weight stays float: the
-embedding reads it) and the packed matrix beside it (``int8_weight``). The swap goes through
-linear_swaps.py: restorable (the weights come back as float), and refusing casts, moves and
-in-place updates, which would leave the packed matrix stale.
+Linears that read the same input (an attention's q/k/v, a gated MLP's gate/up: ``SIBLINGS``)
+share one packed matrix (``Int8Product``): one pass over the activations and one kernel call
+serve them all, each taking its slice. The members share their smoothing (below), since they
+share their quantized input. Each swapped linear keeps its own int8 values as its ``weight`` (a
+tied weight stays float: the embedding reads it). The swap goes through linear_swaps.py:
+restorable (the weights come back as float), and refusing casts, moves and in-place updates,
+which would leave the packed matrix stale.
 
 Precision: a row quantized by its one peak spends its 8 bits on a few large channels and rounds
 the rest coarsely, in weights (per output row) and activations (per input row) alike. Two fixed
@@ -32,6 +35,7 @@ transforms keep the bulk fine while changing nothing about exactness:
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
@@ -49,6 +53,7 @@ SPIKE_SHARE = 1 / 8  # inputs are clipped at this share of their row's peak; the
 TINY = torch.finfo(torch.float32).tiny  # the peak of an all-zero row (any positive value works)
 CHUNK_ROWS = 16384  # weight rows quantized at once: a large readout never needs a float copy
 ENGINE = "x86"  # torch's quantized engine whose linear runs on fbgemm
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read one input
 
 
 def available() -> bool:
@@ -56,14 +61,16 @@ def available() -> bool:
     return ENGINE in torch.backends.quantized.supported_engines
 
 
-def smoothing_factors(weight: torch.Tensor, input_peak: torch.Tensor | None) -> torch.Tensor:
-    """Per input channel, the factor its weight column is multiplied by (and its input divided
-    by): channels whose inputs run large lend range to their weights, and small columns grow."""
-    columns = torch.zeros(weight.shape[1], dtype=torch.float32)
+def smoothing_factors(weights: list[torch.Tensor], input_peak: torch.Tensor | None) -> torch.Tensor:
+    """Per input channel, the factor the weight columns of every linear reading that input are
+    multiplied by (and the input divided by): channels whose inputs run large lend range to
+    their weights, and small columns grow."""
+    columns = torch.zeros(weights[0].shape[1], dtype=torch.float32)
     with torch.no_grad():
-        for start in range(0, weight.shape[0], CHUNK_ROWS):
-            rows = weight[start : start + CHUNK_ROWS].float().abs().amax(dim=0)
-            columns = torch.maximum(columns, rows)
+        for weight in weights:
+            for start in range(0, weight.shape[0], CHUNK_ROWS):
+                rows = weight[start : start + CHUNK_ROWS].float().abs().amax(dim=0)
+                columns = torch.maximum(columns, rows)
     inputs = torch.ones_like(columns) if input_peak is None else input_peak.float()
     factors = inputs.clamp(min=1e-5) ** SMOOTHING / columns.clamp(min=1e-5) ** (1 - SMOOTHING)
     return factors.clamp(min=1e-5)
@@ -106,72 +113,110 @@ def int8_product(
 ) -> torch.Tensor:
     """``x [M, K] float32 @ W.T`` through the packed int8 matrix, each row on its own:
     ``divisors`` undo the weight's smoothing; ``spikes`` quantizes a row's large values apart."""
-    if divisors is not None:
-        x = x * divisors
+    x = x * divisors if divisors is not None else x.clone()  # a copy: it is divided in place
     peak = x.abs().amax(dim=-1, keepdim=True).clamp_(min=TINY)  # a max is exact in any order
     if not spikes:
         out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x / peak, ACTIVATION_SCALE, ZERO_POINT, packed
+            x.div_(peak), ACTIVATION_SCALE, ZERO_POINT, packed
         )
         return out.mul_(peak)
     # the row clipped to +-bound, quantized by bound; what sticks out, quantized by its own peak
     bound = peak * SPIKE_SHARE
-    clipped = torch.minimum(torch.maximum(x, -bound), bound)
-    excess_peak = peak - bound
-    rows = x.shape[0]
-    both = torch.empty((2 * rows, x.shape[1]), dtype=x.dtype)
-    torch.div(clipped, bound, out=both[:rows])
-    torch.sub(x, clipped, out=both[rows:]).div_(excess_peak)
+    clipped = torch.clamp(x, -bound, bound)
+    bounds = torch.cat([bound, peak - bound])
+    both = torch.cat([clipped, x.sub_(clipped)]).div_(bounds)
     out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
         both, ACTIVATION_SCALE, ZERO_POINT, packed
-    )
-    return out[:rows].mul_(bound).add_(out[rows:].mul_(excess_peak))
+    ).mul_(bounds)
+    rows = x.shape[0]
+    return out[:rows].add_(out[rows:])
+
+
+class Int8Product:
+    """One packed int8 matrix for linears that read the same input: the first member's call
+    computes every member's rows and keeps the others' slices (per thread) for their calls on
+    that very tensor; any other call computes the whole product afresh, which gives the same
+    bits (each output element depends on its input row and weight row alone)."""
+
+    def __init__(
+        self, packed: torch.ScriptObject, divisors: torch.Tensor, sizes: list[int], spikes: bool
+    ) -> None:
+        self.packed = packed
+        self.divisors = divisors
+        self.spikes = spikes
+        self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
+        self._pending = threading.local()  # [input, product, members yet to take theirs]
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        start, size = self.slices[index]
+        pending = getattr(self._pending, "value", None)
+        if pending is not None and pending[0] is x and index in pending[2]:
+            pending[2].discard(index)
+            if not pending[2]:
+                self._pending.value = None  # nothing kept alive past the last member
+            return pending[1].narrow(-1, start, size)
+        rows = x.numel() // x.shape[-1]
+        flat = x.reshape(rows, x.shape[-1]).float()
+        out = int8_product(flat, self.packed, self.divisors, self.spikes)
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        others = set(range(len(self.slices))) - {index}
+        self._pending.value = [x, out, others] if others else None
+        return out.narrow(-1, start, size)
 
 
 def int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The swapped forward: any leading shape, float32 activations."""
-    rows = x.numel() // x.shape[-1]
-    flat = x.reshape(rows, x.shape[-1]).float()
-    out = int8_product(flat, self.int8_weight, self.int8_divisors, self.int8_spikes)
+    out = self.int8_product.output(self.int8_index, x)
     if self.bias is not None:
-        out = out.add_(self.bias)
-    return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = out + self.bias
+    return out.to(x.dtype)
 
 
-def quantize_linear(
-    linear: nn.Linear,
-    weight: torch.Tensor | None = None,
+def quantize_linears(
+    members: list[nn.Linear],
+    weights: list[torch.Tensor] | None = None,
     tied: bool = False,
     input_peak: torch.Tensor | None = None,
     spikes: bool = True,
 ) -> None:
-    """Swap ``linear`` to its int8 form, quantized from ``weight`` (default: its own; pass the
-    float tensor when ``linear``'s is still on ``meta`` or is already int8). ``tied``: its
-    weight is shared with another module (the embedding) and stays float; otherwise it becomes
-    the int8 values. ``input_peak``: its inputs' per-channel peaks from calibration, for the
-    smoothing. ``spikes``: quantize large input values in a row of their own (a readout skips
-    it: its product is the largest, and most of the gain is in the decoder)."""
-    linear_swaps.unswap(linear)  # a re-quantization starts from the float form
-    source = linear.weight if weight is None else weight
-    factors = smoothing_factors(source.detach(), input_peak)
-    values, scales = quantize_rows(source.detach(), factors)
-    packed = pack(values, scales)
-    if not tied:
-        linear.weight = nn.Parameter(values, requires_grad=False)
-    attributes = {
-        "int8_weight": packed,
-        "int8_scale": scales,
-        "int8_divisors": 1.0 / factors,
-        "int8_spikes": spikes,
-    }
-    linear_swaps.swap(
-        linear,
-        int8_forward,
-        attributes,
-        copies=True,
-        refuse_changes=True,
-        undo=None if tied else _dequantize,
-    )
+    """Swap ``members`` (linears that read the same input, or one linear) to their int8 form
+    with one shared product, quantized from ``weights`` (default: their own; pass the float
+    tensors when theirs are still on ``meta`` or already int8). ``tied``: a single member's
+    weight is shared with another module (the embedding) and stays float; otherwise each weight
+    becomes its int8 values. ``input_peak``: the input's per-channel peaks from calibration,
+    for the smoothing. ``spikes``: quantize large input values in a row of their own (a readout
+    skips it: its product is the largest, and most of the gain is in the decoder)."""
+    for linear in members:
+        linear_swaps.unswap(linear)  # a re-quantization starts from the float form
+    sources = [
+        (linear.weight if weights is None else weight).detach()
+        for linear, weight in zip(members, weights or members)
+    ]
+    factors = smoothing_factors(sources, input_peak)
+    quantized = [quantize_rows(source, factors) for source in sources]
+    if len(quantized) == 1:  # a readout's values are not copied once more
+        packed = pack(*quantized[0])
+    else:
+        packed = pack(*(torch.cat(parts) for parts in zip(*quantized)))
+    product = Int8Product(packed, 1.0 / factors, [len(scale) for _, scale in quantized], spikes)
+    for index, (linear, (values, scales)) in enumerate(zip(members, quantized)):
+        if not tied:
+            linear.weight = nn.Parameter(values, requires_grad=False)
+        attributes = {
+            "int8_product": product,
+            "int8_index": index,
+            "int8_scale": scales,
+            "int8_divisors": product.divisors,
+        }
+        linear_swaps.swap(
+            linear,
+            int8_forward,
+            attributes,
+            copies=True,
+            refuse_changes=True,
+            undo=None if tied else _dequantize,
+        )
+    linear_swaps.group(members)
 
 
 def _dequantize(linear: nn.Linear) -> None:
@@ -214,15 +259,35 @@ def is_int8(linear: nn.Module) -> bool:
     return record is not None and record.forward is int8_forward
 
 
+def product_groups(model: nn.Module) -> list[list[nn.Linear]]:
+    """The linears an int8 target quantizes, as the products they share: per decoder layer its
+    SIBLINGS groups and every other linear alone, then the readout (last)."""
+    groups: list[list[nn.Linear]] = []
+    for layer in decoder_of(model).layers:
+        grouped: set[nn.Module] = set()
+        for module in layer.modules():
+            for names in SIBLINGS:
+                members = [getattr(module, name, None) for name in names]
+                if all(type(m) is nn.Linear for m in members) and (
+                    len({m.in_features for m in members}) == 1
+                ):
+                    groups.append(members)
+                    grouped.update(members)
+        groups += [[m] for m in layer.modules() if type(m) is nn.Linear and m not in grouped]
+    return [*groups, [model.get_output_embeddings()]]
+
+
 def quantized_linears(model: nn.Module) -> list[nn.Linear]:
     """The linears an int8 target quantizes: the decoder layers' and the readout (last)."""
-    decoder = [
-        module
-        for layer in decoder_of(model).layers
-        for module in layer.modules()
-        if type(module) is nn.Linear
-    ]
-    return [*decoder, model.get_output_embeddings()]
+    return [linear for group in product_groups(model) for linear in group]
+
+
+def group_peak(
+    members: list[nn.Linear], peaks: dict[nn.Linear, torch.Tensor]
+) -> torch.Tensor | None:
+    """The input peaks of linears that read one input (each saw the same, so any will do)."""
+    seen = [peaks[linear] for linear in members if linear in peaks]
+    return torch.stack(seen).amax(dim=0) if seen else None
 
 
 def quantize_model(model: nn.Module, calibration: list[list[int]] | None = None) -> int:
@@ -235,19 +300,22 @@ def quantize_model(model: nn.Module, calibration: list[list[int]] | None = None)
     use_exact_attention(model)
     readout = model.get_output_embeddings()
     tied = readout.weight is model.get_input_embeddings().weight
-    decoder = [
-        linear for linear in quantized_linears(model)[:-1] if linear.weight.is_floating_point()
+    groups = [
+        group
+        for group in product_groups(model)[:-1]
+        if all(linear.weight.is_floating_point() for linear in group)
     ]
-    floats = {linear: linear.weight for linear in [*decoder, readout]}
+    floats = {linear: linear.weight for linear in [*sum(groups, []), readout]}
 
     def quantize_all(peaks: dict[nn.Linear, torch.Tensor]) -> None:
-        for linear in decoder:
-            quantize_linear(linear, floats[linear], input_peak=peaks.get(linear))
-        quantize_linear(
-            readout, floats[readout], tied=tied, input_peak=peaks.get(readout), spikes=False
+        for group in groups:
+            weights = [floats[linear] for linear in group]
+            quantize_linears(group, weights, input_peak=group_peak(group, peaks))
+        quantize_linears(
+            [readout], [floats[readout]], tied, input_peak=peaks.get(readout), spikes=False
         )
 
     quantize_all({})
     if calibration:
-        quantize_all(input_peaks(model, [*decoder, readout], calibration))
-    return len(decoder) + 1
+        quantize_all(input_peaks(model, [*floats], calibration))
+    return len(floats)

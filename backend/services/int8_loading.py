@@ -33,8 +33,10 @@ from torch import nn
 from backend.engine import int8_linear
 from backend.engine.exact_attention import use_exact_attention
 from backend.engine.int8_linear import (
+    group_peak,
     input_peaks,
-    quantize_linear,
+    product_groups,
+    quantize_linears,
     quantize_model,
     quantized_linears,
 )
@@ -46,7 +48,7 @@ from backend.services.target_source import TargetSource
 logger = logging.getLogger(__name__)
 
 Tensors = Iterator[tuple[str, torch.Tensor, str]]  # (parameter name, values, stored format)
-PEAKS_FORMAT = 1  # bump when what the calibration pass records changes
+PEAKS_FORMAT = 2  # bump when what the calibration pass records changes
 CALIBRATION_TEXT = Path(__file__).resolve().parents[2] / "assets" / "int8_calibration.txt"
 
 
@@ -205,19 +207,24 @@ def _fill(model: nn.Module, tensors: Tensors, peaks: dict[nn.Linear, torch.Tenso
     """Place every tensor ``tensors`` yields, linears smoothed by ``peaks`` where given (a second
     pass yields only the linears); returns the stored formats of the re-quantized ones."""
     quantized = _quantized_linears(model)
+    groups = {linear: group for group in product_groups(model) for linear in group}
+    waiting: dict[nn.Linear, torch.Tensor] = {}  # members read before the rest of their group
     renamed = _stored_names(model)
     stored: Counter = Counter()
     for name, tensor, form in tensors:
         name = renamed.get(name, name)
         linear = quantized.get(name)
         if linear is not None:
-            quantize_linear(
-                linear,
-                tensor,
-                input_peak=peaks.get(linear),
-                spikes=linear is not model.get_output_embeddings(),
-            )
             stored[form] += 1
+            waiting[linear] = tensor
+            group = groups[linear]
+            if all(member in waiting for member in group):
+                quantize_linears(
+                    group,
+                    [waiting.pop(member) for member in group],
+                    input_peak=group_peak(group, peaks),
+                    spikes=linear is not model.get_output_embeddings(),
+                )
             continue
         module_name, _, leaf = name.rpartition(".")
         try:
@@ -232,7 +239,7 @@ def _fill(model: nn.Module, tensors: Tensors, peaks: dict[nn.Linear, torch.Tenso
     readout = model.get_output_embeddings()
     if _tied(model):  # share the embedding's weight, then quantize
         readout.weight = model.get_input_embeddings().weight
-        quantize_linear(readout, tied=True, input_peak=peaks.get(readout), spikes=False)
+        quantize_linears([readout], tied=True, input_peak=peaks.get(readout), spikes=False)
         stored["tied to the embedding"] += 1
     use_exact_attention(model)
     missing = [name for name, p in model.named_parameters() if p.device.type == "meta"]
@@ -292,7 +299,7 @@ def _formats(stored: Counter) -> str:
 
 
 def _describe(model: nn.Module, stored: str, calibration: list[list[int]] | None) -> str:
-    count = sum(1 for module in model.modules() if "int8_weight" in module.__dict__)
+    count = sum(1 for module in model.modules() if "int8_product" in module.__dict__)
     smoothing = (
         f"smoothed by input peaks on {sum(map(len, calibration))} calibration tokens"
         if calibration

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.engine import int8_linear
-from backend.engine.int8_linear import int8_forward, is_int8, quantize_linear, quantize_model
+from backend.engine.int8_linear import int8_forward, is_int8, quantize_linears, quantize_model
 from backend.engine.linear_swaps import restore
 from backend.errors import ConfigError
 from tests.factories import tiny_target
@@ -72,7 +72,7 @@ def test_the_int8_product_is_close_to_the_float_one() -> None:
     linear = nn.Linear(256, 512)
     x = torch.randn(16, 256)
     expected = F.linear(x, linear.weight, linear.bias)
-    quantize_linear(linear)
+    quantize_linears([linear])
     assert linear.weight.dtype == torch.int8
     with torch.inference_mode():
         got = linear(x)
@@ -84,7 +84,7 @@ def test_restore_gives_back_the_float_weight_up_to_rounding() -> None:
     torch.manual_seed(1)
     linear = nn.Linear(128, 64)
     original = linear.weight.detach().clone()
-    quantize_linear(linear, input_peak=torch.rand(128) * 10)
+    quantize_linears([linear], input_peak=torch.rand(128) * 10)
     # half a rounding step of the smoothed row, divided back by the column's factor
     bound = linear.int8_scale[:, None] / 2 * linear.int8_divisors[None, :] * (1 + 1e-5)
     restore(linear)
@@ -106,7 +106,7 @@ def product_error(x: torch.Tensor, weight: torch.Tensor, **how) -> float:
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data.copy_(weight)
     expected = x @ weight.T
-    quantize_linear(linear, **how)
+    quantize_linears([linear], **how)
     with torch.inference_mode():
         return float((linear(x) - expected).norm() / expected.norm())
 
@@ -154,7 +154,7 @@ def test_a_tied_readout_keeps_its_float_weight_and_restore_brings_back_float() -
     values, scale, divisors = down.weight.clone(), down.int8_scale, down.int8_divisors
     assert values.dtype == torch.int8
     assert restore(model) == 7 * model.config.num_hidden_layers + 1
-    assert not any(is_int8(m) or "int8_weight" in m.__dict__ for m in model.modules())
+    assert not any(is_int8(m) or "int8_product" in m.__dict__ for m in model.modules())
     assert down.weight.dtype == torch.float32
     torch.testing.assert_close(down.weight, values.float() * scale[:, None] * divisors[None, :])
     with torch.inference_mode():
@@ -198,3 +198,29 @@ def test_the_swap_is_a_forward_of_the_model_s_own_linear() -> None:
     assert type(q_proj) is nn.Linear and q_proj.forward.__func__ is not nn.Linear.forward
     assert q_proj.__dict__["linear_swap"].forward is int8_forward
     assert q_proj.bias.dtype == torch.float32
+
+
+def test_siblings_share_one_product_and_each_gets_the_bits_it_gets_alone(monkeypatch) -> None:
+    """q/k/v and gate/up read one input: one packed matrix and one kernel call serve them all
+    (the first call keeps the others' slices for that very tensor), and what a member is served
+    equals what it computes alone on a copy of the input, bit for bit."""
+    model = tiny_target("qwen2", num_layers=1)  # q/k/v with biases
+    quantize_model(model)
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert len({id(linear.int8_product) for linear in qkv}) == 1
+    assert mlp.gate_proj.int8_product is mlp.up_proj.int8_product
+    assert mlp.down_proj.int8_product is not mlp.up_proj.int8_product
+    x = rows_to_check(attention.q_proj.in_features, seed=11)[None, :8]
+    with torch.inference_mode():
+        alone = [linear(x.clone()) for linear in qkv]
+        calls = []
+        product = int8_linear.int8_product
+        monkeypatch.setattr(
+            int8_linear, "int8_product", lambda *args: calls.append(1) or product(*args)
+        )
+        served = [linear(x) for linear in qkv]
+    assert len(calls) == 1
+    for got, expected in zip(served, alone):
+        assert torch.equal(got, expected)
+    assert restore(model) == 7 + 1
