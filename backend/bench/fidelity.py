@@ -34,7 +34,7 @@ def compare(quantized: Any, reference: Any, sequences: list[list[int]]) -> Fidel
         ours = quantized(input_ids=tokens).logits[0].float().log_softmax(-1)  # [L, V]
         theirs = reference(input_ids=tokens).logits[0].float().log_softmax(-1)  # [L, V]
         agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
-        kl_sum += float((theirs.exp() * (theirs - ours)).sum())
+        kl_sum += max(0.0, float((theirs.exp() * (theirs - ours)).sum()))  # >= 0 but for rounding
         positions += len(ids)
     if positions == 0:
         return Fidelity(1.0, 0.0, 0)
