@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.bench.context_ceiling import LONGEST
 from backend.bench.runner import FLOAT_BASELINE, LLAMA_CPP, ROW_ORDER, BenchResult, MethodRun
 from backend.engine.calibration import CostModel
 from backend.engine.stats import slow_reasons
@@ -303,6 +304,13 @@ def _eagle_facts(
         if m.method.startswith("eagle") and m.tokens
     ]
     lines.append(f"New tokens written by accepted drafts, by source: {'; '.join(sources)}.")
+    ceiling = context_ceiling(result)
+    if ceiling is not None:
+        lines.append(
+            f"Ceiling of context drafts on vanilla's replies: {ceiling:.2f} tokens per round "
+            f"(an oracle round verifying every continuation the context offers, up to {LONGEST} "
+            "tokens each, and keeping the longest the reply follows)."
+        )
     shapes = shape_shares(result)
     if shapes:
         lines.append(
@@ -314,6 +322,19 @@ def _eagle_facts(
     if reason:
         lines.append(f"Why the speedup is limited: {reason}.")
     return lines
+
+
+def context_ceiling(result: BenchResult) -> float | None:
+    """Vanilla's tokens after its first per oracle round of context drafts, pooled over
+    prompts (None when no prompt has it)."""
+    pairs = [
+        (len(p.runs["vanilla"].token_ids) - 1, p.ceiling_rounds)
+        for p in result.prompts
+        if p.ceiling_rounds and "vanilla" in p.runs
+    ]
+    if not pairs:
+        return None
+    return sum(tokens for tokens, _ in pairs) / sum(rounds for _, rounds in pairs)
 
 
 def _run_facts(result: BenchResult) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from backend.bench.context_ceiling import LONGEST, oracle_rounds
 from backend.bench.prompts import BenchPrompt
 from backend.config import DraftSources, GenerationConfig, SamplingConfig, TreeConfig
 from backend.engine.calibration import CostModel
@@ -69,6 +70,7 @@ class PromptResult:
     prompt: BenchPrompt
     seed: int = 0  # which pass over the prompt set (sampling runs one per seed)
     runs: dict[str, MethodRun] = field(default_factory=dict)
+    ceiling_rounds: int | None = None  # rounds of an oracle of context drafts over vanilla's reply
 
 
 @dataclass
@@ -87,6 +89,7 @@ class BenchResult:
                 ),
                 p["seed"],
                 {m: _method_run(run) for m, run in p["runs"].items()},
+                p.get("ceiling_rounds"),
             )
             for p in data["prompts"]
         ]
@@ -101,6 +104,7 @@ class BenchResult:
                     "prompt": asdict(p.prompt),
                     "seed": p.seed,
                     "runs": {m: asdict(r) for m, r in p.runs.items()},
+                    "ceiling_rounds": p.ceiling_rounds,
                 }
                 for p in self.prompts
             ],
@@ -277,6 +281,10 @@ def run_bench(
                     )
                     runs[method].append(_measured(method, pair, ids, config, peers.get(method)))
             result.runs = {method: median_run(done) for method, done in runs.items()}
+            vanilla = result.runs.get("vanilla")
+            if vanilla is not None and vanilla.token_ids:
+                reply = vanilla.token_ids
+                result.ceiling_rounds = oracle_rounds([*ids, *reply[:1]], reply[1:], LONGEST)
             results.append(result)
     settings = {
         **_pair_settings(pair),
