@@ -15,7 +15,6 @@ must agree, or the swap is undone.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
 import torch
@@ -46,24 +45,17 @@ class SharedProduct:
 
     def __init__(self, stack: StackedLinears) -> None:
         self.stack = stack
-        sizes = [linear.out_features for linear in stack.linears]
-        self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
+        self.handout = linear_swaps.Handout([linear.out_features for linear in stack.linears])
         self.product = _linear_over(stack)  # shares the stacked storage
         self.fused_rows = {False: True, True: True}  # one row / several: through the product?
-        self._pending = threading.local()  # [input, product, members yet to take theirs]
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        start, size = self.slices[index]
-        pending = getattr(self._pending, "value", None)
-        if pending is not None and pending[0] is x and index in pending[2]:
-            pending[2].discard(index)
-            out = pending[1]
-            if not pending[2]:
-                self._pending.value = None  # nothing kept alive past the last member
-            return out.narrow(-1, start, size)
+        kept = self.handout.take(index, x)
+        if kept is not None:
+            return kept
         many = x.numel() > x.shape[-1]
         if not self.fused_rows[many] or torch.is_grad_enabled() or not self.stack.fused:
-            self._pending.value = None
+            self.handout.forget()
             member = self.stack.linears[index]
             return F.linear(x, member.weight, member.bias)
         product = self.product
@@ -72,10 +64,7 @@ class SharedProduct:
             out = F.linear(x, product.weight, product.bias)
         else:
             out = forms[many](product, x)
-        others = set(range(len(self.slices)))
-        others.discard(index)
-        self._pending.value = [x, out, others]
-        return out.narrow(-1, start, size)
+        return self.handout.keep(index, x, out)
 
 
 def _member_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

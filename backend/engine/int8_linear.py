@@ -35,7 +35,6 @@ transforms keep the bulk fine while changing nothing about exactness:
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import torch
@@ -134,9 +133,9 @@ def int8_product(
 
 class Int8Product:
     """One packed int8 matrix for linears that read the same input: the first member's call
-    computes every member's rows and keeps the others' slices (per thread) for their calls on
-    that very tensor; any other call computes the whole product afresh, which gives the same
-    bits (each output element depends on its input row and weight row alone)."""
+    computes every member's rows and hands the others their slices for their calls on that very
+    tensor (linear_swaps.Handout); any other call computes the whole product afresh, which
+    gives the same bits (each output element depends on its input row and weight row alone)."""
 
     def __init__(
         self, packed: torch.ScriptObject, divisors: torch.Tensor, sizes: list[int], spikes: bool
@@ -144,24 +143,16 @@ class Int8Product:
         self.packed = packed
         self.divisors = divisors
         self.spikes = spikes
-        self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
-        self._pending = threading.local()  # [input, product, members yet to take theirs]
+        self.handout = linear_swaps.Handout(sizes)
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        start, size = self.slices[index]
-        pending = getattr(self._pending, "value", None)
-        if pending is not None and pending[0] is x and index in pending[2]:
-            pending[2].discard(index)
-            if not pending[2]:
-                self._pending.value = None  # nothing kept alive past the last member
-            return pending[1].narrow(-1, start, size)
+        kept = self.handout.take(index, x)
+        if kept is not None:
+            return kept
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1]).float()
         out = int8_product(flat, self.packed, self.divisors, self.spikes)
-        out = out.reshape(*x.shape[:-1], out.shape[-1])
-        others = set(range(len(self.slices))) - {index}
-        self._pending.value = [x, out, others] if others else None
-        return out.narrow(-1, start, size)
+        return self.handout.keep(index, x, out.reshape(*x.shape[:-1], out.shape[-1]))
 
 
 def int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ every swap below a module.
 from __future__ import annotations
 
 import logging
+import threading
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -149,3 +150,33 @@ def restore(*modules: nn.Module | None) -> int:
         for linear in list(module.modules()):
             undone += unswap(linear)
     return undone
+
+
+class Handout:
+    """One product computed for linears that read the same tensor (a q/k/v or gate/up group):
+    the member whose call computed it keeps it, and each other member takes its slice once, for
+    that very input and thread. Nothing stays alive past the last member."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.slices = [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]  # (start, size)
+        self._pending = threading.local()  # [input, product, members yet to take theirs]
+
+    def take(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Member ``index``'s slice of the product kept for ``x``, or None."""
+        pending = getattr(self._pending, "value", None)
+        if pending is None or pending[0] is not x or index not in pending[2]:
+            return None
+        pending[2].discard(index)
+        if not pending[2]:
+            self._pending.value = None
+        return pending[1].narrow(-1, *self.slices[index])
+
+    def keep(self, index: int, x: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
+        """Keep ``product`` (of ``x``, computed in member ``index``'s call) for the others;
+        returns member ``index``'s slice."""
+        others = set(range(len(self.slices))) - {index}
+        self._pending.value = [x, product, others] if others else None
+        return product.narrow(-1, *self.slices[index])
+
+    def forget(self) -> None:
+        self._pending.value = None
