@@ -284,19 +284,7 @@ def _eagle_facts(
             f"one draft step = {result.costs['draft_step_ratio']:.2f}x one step "
             f"({result.costs.get('chain_step_ratio', 0):.2f}x in a top-1 chain)."
         )
-    best = best_fixed_tree(summaries)
-    if best is not None:
-        interval = share_of_best_fixed_interval(result)
-        spread = (
-            f"; {interval[0]:.0%}-{interval[1]:.0%} over resampled prompts, 90% interval"
-            if interval
-            else ""
-        )
-        lines.append(
-            f"EAGLE ({result.settings['tree']}) runs at {eagle.tokens_per_s / best.tokens_per_s:.0%} "
-            f"of the best fixed tree in this run ({label(best.method)}, "
-            f"{best.tokens_per_s:.1f} tok/s{spread})."
-        )
+    lines += _best_fixed_fact(result, summaries, eagle)
     sources = [
         f"{label(m.method)} {m.accepted_head / m.tokens:.0%} head, "
         f"{m.accepted_context / m.tokens:.0%} context"
@@ -322,6 +310,26 @@ def _eagle_facts(
     if reason:
         lines.append(f"Why the speedup is limited: {reason}.")
     return lines
+
+
+def _best_fixed_fact(
+    result: BenchResult, summaries: dict[str, MethodSummary], eagle: MethodSummary
+) -> list[str]:
+    """How EAGLE's tree fared against the best fixed tree of the same run (none without one)."""
+    best = best_fixed_tree(summaries)
+    if best is None:
+        return []
+    interval = share_of_best_fixed_interval(result)
+    spread = (
+        f"; {interval[0]:.0%}-{interval[1]:.0%} over resampled prompts, 90% interval"
+        if interval
+        else ""
+    )
+    return [
+        f"EAGLE ({result.settings['tree']}) runs at {eagle.tokens_per_s / best.tokens_per_s:.0%} "
+        f"of the best fixed tree in this run ({label(best.method)}, "
+        f"{best.tokens_per_s:.1f} tok/s{spread})."
+    ]
 
 
 def context_ceiling(result: BenchResult) -> float | None:

@@ -6,12 +6,14 @@ target on the same prompts, interleaved prompt by prompt so machine drift hits a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -267,20 +269,9 @@ def run_bench(
         for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
             sampling = SamplingConfig(temperature=spec.temperature, seed=seed * 10007 + index)
             result = PromptResult(prompt, seed=seed)
-            runs: dict[str, list[MethodRun]] = {method: [] for method in spec.all_methods()}
-            for _ in range(max(1, spec.repeats)):
-                for method in runs:
-                    if progress is not None:
-                        progress(seed * len(prompts) + index, seeds * len(prompts), method)
-                    config = GenerationConfig(
-                        mode="eagle" if method.startswith("eagle") else "vanilla",
-                        sampling=sampling,
-                        max_new_tokens=spec.max_new_tokens,
-                        tree=spec.tree_for(method),
-                        drafts=spec.drafts_for(method),
-                    )
-                    runs[method].append(_measured(method, pair, ids, config, peers.get(method)))
-            result.runs = {method: median_run(done) for method, done in runs.items()}
+            step = seed * len(prompts) + index
+            report = None if progress is None else partial(progress, step, seeds * len(prompts))
+            result.runs = _prompt_runs(pair, ids, spec, sampling, peers, report)
             vanilla = result.runs.get("vanilla")
             if vanilla is not None and vanilla.token_ids:
                 reply = vanilla.token_ids
@@ -302,6 +293,31 @@ def run_bench(
         **first,
     }
     return BenchResult(settings=settings, costs=cost_summary(costs), prompts=results)
+
+
+def _prompt_runs(
+    pair: LoadedPair,
+    ids: list[int],
+    spec: BenchSpec,
+    sampling: SamplingConfig,
+    peers: Mapping[str, Peer],
+    report: Callable[[str], None] | None,
+) -> dict[str, MethodRun]:
+    """Each method's median run on one prompt, the methods interleaved repeat by repeat."""
+    runs: dict[str, list[MethodRun]] = {method: [] for method in spec.all_methods()}
+    for _ in range(max(1, spec.repeats)):
+        for method in runs:
+            if report is not None:
+                report(method)
+            config = GenerationConfig(
+                mode="eagle" if method.startswith("eagle") else "vanilla",
+                sampling=sampling,
+                max_new_tokens=spec.max_new_tokens,
+                tree=spec.tree_for(method),
+                drafts=spec.drafts_for(method),
+            )
+            runs[method].append(_measured(method, pair, ids, config, peers.get(method)))
+    return {method: median_run(done) for method, done in runs.items()}
 
 
 def _conversation(pair: LoadedPair, prompt: BenchPrompt, spec: BenchSpec) -> list[dict]:
@@ -340,9 +356,21 @@ def _pair_settings(pair: LoadedPair) -> dict[str, Any]:
 def _first_messages(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> dict[str, float]:
     """Tokens/s of the very first EAGLE reply after load and of the same reply right after:
     whatever the first one pays once (tree costs, first calls) shows as the gap. Both run the
-    whole token budget past EOS: on a reply of a dozen tokens one round's luck would decide."""
+    whole token budget past EOS: on a reply of a dozen tokens one round's luck would decide.
+    The tuner is left as these found it: text past EOS is no text a user's reply starts on,
+    so the measured prompts start from what a load gives (the prior or the saved state)."""
     if "eagle" not in spec.methods:
         return {}
+    policies = pair.engine.policies  # the dict itself: it is what is saved at exit
+    kept = copy.deepcopy(policies)
+    try:
+        return _timed_first_messages(pair, ids, spec)
+    finally:
+        policies.clear()
+        policies.update(kept)
+
+
+def _timed_first_messages(pair: LoadedPair, ids: list[int], spec: BenchSpec) -> dict[str, float]:
     config = GenerationConfig(
         mode="eagle",
         max_new_tokens=spec.max_new_tokens,

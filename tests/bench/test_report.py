@@ -20,14 +20,17 @@ from backend.bench.runner import (
     BenchSpec,
     MethodRun,
     PromptResult,
+    _first_messages,
     median_run,
     run_bench,
+    run_engine,
 )
-from backend.config import LoadConfig, TreeConfig
+from backend.config import GenerationConfig, LoadConfig, TreeConfig
 from backend.engine.calibration import CostModel
 from backend.engine.stats import SpecStats, explain
 from backend.errors import ConfigError, InputError
 from backend.services.loading import load_pair
+from backend.services.prompting import prompt_ids
 from models.checkpoints import save_head
 from tests.factories import easy_llama_pair, tiny_tokenizer
 
@@ -160,6 +163,25 @@ def test_real_run_on_a_tiny_pair_writes_all_reports(tmp_path) -> None:
     assert "round tuner started afresh" in markdown
     length = result.settings["first_message_tokens"]  # the whole budget, past EOS
     assert length == spec.max_new_tokens and f"{length} tokens each" in markdown
+
+
+def test_the_first_reply_probes_leave_the_tuner_as_they_found_it(tmp_path) -> None:
+    pair = easy_pair_on_disk(tmp_path)
+    ids = prompt_ids(pair.tokenizer, [{"role": "user", "content": "Hello there"}])
+    greedy = GenerationConfig(mode="eagle", max_new_tokens=16, tree=TreeConfig(auto=True))
+    run_engine(pair, ids, greedy)  # a reply that teaches the greedy policy something
+    assert list(pair.engine.policies) == [(False, "both")]
+    before = pair.engine.policies[False, "both"].learned()
+    spec = BenchSpec(max_new_tokens=48, drafts=("head",))  # the probes use another policy too
+    first = _first_messages(pair, ids, spec)
+    assert first["first_message_tokens"] == 48  # they ran, past EOS
+    assert list(pair.engine.policies) == [(False, "both")]  # the policy they made is gone
+    assert pair.engine.policies[False, "both"].learned() == before
+    spec = BenchSpec(max_new_tokens=48)  # probes on the policy the reply taught
+    _first_messages(pair, ids, spec)
+    assert pair.engine.policies[False, "both"].learned() == before
+    run_engine(pair, ids, greedy)  # and it learns on from there
+    assert pair.engine.policies[False, "both"].learned() != before
 
 
 def test_repeats_keep_the_median_run_by_time_per_token() -> None:
