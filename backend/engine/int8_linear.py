@@ -8,7 +8,7 @@ row, and a row's result must not depend on which other rows came with it, or EAG
 being lossless against vanilla decoding of the same int8 model. A dynamic int8 product picks one
 activation scale from the whole input's range, so the rows interact. Here each input row is
 first divided by its own largest magnitude, so every row lies in [-1, 1], and the kernel
-quantizes all rows with one fixed scale and zero point (``ACTIVATION_SCALE``, ``ZERO_POINT``);
+quantizes all rows with one fixed scale and zero point (``integer_ranges()``);
 the product sums exact integers, and the row's magnitude is multiplied back on the float output
 (the bias added after). Nothing in a row's arithmetic depends on another row.
 
@@ -31,11 +31,17 @@ transforms keep the bulk fine while changing nothing about exactness:
   what sticks out of the clip (a few channels) goes in a second row, quantized by its own peak.
   Both rows go through the same kernel call and their outputs are added: each depends on its
   row alone.
+
+Integer ranges: with VNNI, fbgemm sums each product in 32 bits, and weights and activations get
+all 8 bits. Without it (AVX2, early AVX-512) the kernel adds pairs of products in saturating 16
+bits, which full-range rows overflow, so there activations get 7 bits (``integer_ranges``).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,9 +50,23 @@ from backend.engine import linear_swaps
 from backend.engine.exact_attention import use_exact_attention
 from models.features import decoder_of
 
-WEIGHT_LEVELS = 127  # int8 weights in [-127, 127]: symmetric, one scale per row
-ACTIVATION_SCALE = 1.0 / 127  # an input row divided by its peak lies in [-1, 1] ...
-ZERO_POINT = 128  # ... and quantizes to [1, 255] (uint8, as fbgemm's activations are)
+
+@dataclass(frozen=True, slots=True)
+class IntegerRanges:
+    """The integers a product works in: weights symmetric in [-weight_levels, weight_levels],
+    one scale per row; an input row divided by its peak lies in [-1, 1] and quantizes to
+    ``zero_point + round(x / activation_scale)`` (uint8, as fbgemm's activations are)."""
+
+    weight_levels: int
+    activation_scale: float
+    zero_point: int
+
+    def to_json(self) -> list[float]:
+        return [self.weight_levels, self.activation_scale, self.zero_point]
+
+
+FULL_RANGES = IntegerRanges(127, 1.0 / 127, 128)  # activations in [1, 255]
+PAIR_SAFE_RANGES = IntegerRanges(127, 1.0 / 64, 64)  # activations in [0, 128]: 2*128*127 < 2**15
 SMOOTHING = 0.5  # a channel's range goes to inputs and weights as peak**a and peak**(1-a)
 SPIKE_SHARE = 1 / 8  # inputs are clipped at this share of their row's peak; the excess gets a row
 TINY = torch.finfo(torch.float32).tiny  # the peak of an all-zero row (any positive value works)
@@ -58,6 +78,27 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read on
 def available() -> bool:
     """Whether this torch build has the fbgemm int8 linear (x86 CPUs)."""
     return ENGINE in torch.backends.quantized.supported_engines
+
+
+@functools.cache
+def integer_ranges() -> IntegerRanges:
+    """FULL_RANGES where this CPU's kernel sums products exactly; PAIR_SAFE_RANGES where it
+    adds pairs of products in saturating 16 bits (fbgemm without VNNI: AVX2, early AVX-512),
+    which full-range rows overflow. Asked of the kernel itself: a row of activations at their
+    peak read by weights at theirs sums to exactly ``columns * 127`` or it saturated."""
+    columns = 64
+    levels = FULL_RANGES.weight_levels
+    packed = pack(torch.full((8, columns), levels, dtype=torch.int8), torch.ones(8))
+    out = _kernel(torch.ones(1, columns), FULL_RANGES, packed)
+    exact = torch.allclose(out, torch.full_like(out, float(columns * levels)), rtol=1e-4)
+    return FULL_RANGES if exact else PAIR_SAFE_RANGES
+
+
+def _kernel(rows: torch.Tensor, ranges: IntegerRanges, packed: torch.ScriptObject) -> torch.Tensor:
+    """fbgemm's product of float rows in [-1, 1], quantized with ``ranges``' fixed scale."""
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        rows, ranges.activation_scale, ranges.zero_point, packed
+    )
 
 
 def smoothing_factors(weights: list[torch.Tensor], input_peak: torch.Tensor | None) -> torch.Tensor:
@@ -79,7 +120,7 @@ def quantize_rows(
     weight: torch.Tensor, factors: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 values [N, K], float32 scales [N]) of ``weight * factors`` (columns scaled): each
-    row scaled so its peak is WEIGHT_LEVELS."""
+    row scaled so its peak is this CPU's ``integer_ranges().weight_levels``."""
     values = torch.empty(weight.shape, dtype=torch.int8)
     scales = torch.empty(weight.shape[0], dtype=torch.float32)
     with torch.no_grad():
@@ -87,7 +128,7 @@ def quantize_rows(
             rows = weight[start : start + CHUNK_ROWS].float()
             if factors is not None:
                 rows = rows * factors
-            scale = rows.abs().amax(dim=1) / WEIGHT_LEVELS
+            scale = rows.abs().amax(dim=1) / integer_ranges().weight_levels
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             values[start : start + CHUNK_ROWS] = torch.round(rows / scale[:, None]).to(torch.int8)
             scales[start : start + CHUNK_ROWS] = scale
@@ -114,19 +155,15 @@ def int8_product(
     ``divisors`` undo the weight's smoothing; ``spikes`` quantizes a row's large values apart."""
     x = x * divisors if divisors is not None else x.clone()  # a copy: it is divided in place
     peak = x.abs().amax(dim=-1, keepdim=True).clamp_(min=TINY)  # a max is exact in any order
+    ranges = integer_ranges()
     if not spikes:
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x.div_(peak), ACTIVATION_SCALE, ZERO_POINT, packed
-        )
-        return out.mul_(peak)
+        return _kernel(x.div_(peak), ranges, packed).mul_(peak)
     # the row clipped to +-bound, quantized by bound; what sticks out, quantized by its own peak
     bound = peak * SPIKE_SHARE
     clipped = torch.clamp(x, -bound, bound)
     bounds = torch.cat([bound, peak - bound])
     both = torch.cat([clipped, x.sub_(clipped)]).div_(bounds)
-    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        both, ACTIVATION_SCALE, ZERO_POINT, packed
-    ).mul_(bounds)
+    out = _kernel(both, ranges, packed).mul_(bounds)
     rows = x.shape[0]
     return out[:rows].add_(out[rows:])
 

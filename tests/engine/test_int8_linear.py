@@ -80,6 +80,37 @@ def test_the_int8_product_is_close_to_the_float_one() -> None:
     assert error < 0.02, error
 
 
+@pytest.mark.parametrize("spikes", [False, True])
+def test_the_product_is_the_integer_arithmetic_with_nothing_overflowing(spikes: bool) -> None:
+    """The kernel's output equals the same rounding done in float64 (rows at their peak, weights
+    at theirs): on a CPU whose kernel saturates 16-bit pair sums, ranges that overflow would
+    miss by far more than float rounding."""
+    ranges = int8_linear.integer_ranges()
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(64, 512, generator=generator)
+    weight[:, ::2] = weight[:, ::2].sign() * weight.abs().amax()  # every other column at its peak
+    x = torch.randn(8, 512, generator=generator)
+    x[:, :2] = 40.0  # a pair of channels at the row's peak, as saturation needs
+    values, scales = int8_linear.quantize_rows(weight)
+    got = int8_linear.int8_product(x, int8_linear.pack(values, scales), spikes=spikes)
+
+    def integer_product(rows: torch.Tensor) -> torch.Tensor:
+        peak = rows.abs().amax(dim=-1, keepdim=True)
+        levels = torch.round(rows / peak / ranges.activation_scale).clamp(
+            -ranges.zero_point, 255 - ranges.zero_point
+        )
+        out = levels.double() @ values.double().T
+        return out * ranges.activation_scale * scales.double() * peak.double()
+
+    if spikes:
+        bound = x.abs().amax(dim=-1, keepdim=True) * int8_linear.SPIKE_SHARE
+        clipped = x.clamp(-bound, bound)
+        expected = integer_product(clipped) + integer_product(x - clipped)
+    else:
+        expected = integer_product(x)
+    assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-3 * expected.abs().max())
+
+
 def test_restore_gives_back_the_float_weight_up_to_rounding() -> None:
     torch.manual_seed(1)
     linear = nn.Linear(128, 64)
