@@ -8,7 +8,7 @@ row, and a row's result must not depend on which other rows came with it, or EAG
 being lossless against vanilla decoding of the same int8 model. A dynamic int8 product picks one
 activation scale from the whole input's range, so the rows interact. Here each input row is
 first divided by its own largest magnitude, so every row lies in [-1, 1], and the kernel
-quantizes all rows with one fixed scale and zero point (``integer_ranges()``);
+quantizes all rows with one fixed scale and zero point (``activation_range()``);
 the product sums exact integers, and the row's magnitude is multiplied back on the float output
 (the bias added after). Nothing in a row's arithmetic depends on another row.
 
@@ -34,7 +34,7 @@ transforms keep the bulk fine while changing nothing about exactness:
 
 Integer ranges: with VNNI, fbgemm sums each product in 32 bits, and weights and activations get
 all 8 bits. Without it (AVX2, early AVX-512) the kernel adds pairs of products in saturating 16
-bits, which full-range rows overflow, so there activations get 7 bits (``integer_ranges``).
+bits, which full-range rows overflow, so there activations get 7 bits (``activation_range``).
 """
 
 from __future__ import annotations
@@ -50,23 +50,23 @@ from backend.engine import linear_swaps
 from backend.engine.exact_attention import use_exact_attention
 from models.features import decoder_of
 
+WEIGHT_LEVELS = 127  # int8 weights in [-127, 127]: symmetric, one scale per row
+
 
 @dataclass(frozen=True, slots=True)
-class IntegerRanges:
-    """The integers a product works in: weights symmetric in [-weight_levels, weight_levels],
-    one scale per row; an input row divided by its peak lies in [-1, 1] and quantizes to
-    ``zero_point + round(x / activation_scale)`` (uint8, as fbgemm's activations are)."""
+class ActivationRange:
+    """How the kernel quantizes an input row divided by its peak (in [-1, 1]): to
+    ``zero_point + round(x / scale)``, uint8 as fbgemm's activations are."""
 
-    weight_levels: int
-    activation_scale: float
+    scale: float
     zero_point: int
 
     def to_json(self) -> list[float]:
-        return [self.weight_levels, self.activation_scale, self.zero_point]
+        return [self.scale, self.zero_point]
 
 
-FULL_RANGES = IntegerRanges(127, 1.0 / 127, 128)  # activations in [1, 255]
-PAIR_SAFE_RANGES = IntegerRanges(127, 1.0 / 64, 64)  # activations in [0, 128]: 2*128*127 < 2**15
+FULL_RANGE = ActivationRange(1.0 / 127, 128)  # into [1, 255]
+PAIR_SAFE_RANGE = ActivationRange(1.0 / 64, 64)  # into [0, 128]: 2 * 128 * WEIGHT_LEVELS < 2**15
 SMOOTHING = 0.5  # a channel's range goes to inputs and weights as peak**a and peak**(1-a)
 SPIKE_SHARE = 1 / 8  # inputs are clipped at this share of their row's peak; the excess gets a row
 TINY = torch.finfo(torch.float32).tiny  # the peak of an all-zero row (any positive value works)
@@ -81,23 +81,24 @@ def available() -> bool:
 
 
 @functools.cache
-def integer_ranges() -> IntegerRanges:
-    """FULL_RANGES where this CPU's kernel sums products exactly; PAIR_SAFE_RANGES where it
-    adds pairs of products in saturating 16 bits (fbgemm without VNNI: AVX2, early AVX-512),
-    which full-range rows overflow. Asked of the kernel itself: a row of activations at their
-    peak read by weights at theirs sums to exactly ``columns * 127`` or it saturated."""
+def activation_range() -> ActivationRange:
+    """FULL_RANGE where this CPU's kernel sums products exactly; PAIR_SAFE_RANGE where it adds
+    pairs of products in saturating 16 bits (fbgemm without VNNI: AVX2, early AVX-512), which
+    full-range rows overflow. Asked of the kernel itself: a row of activations at their peak
+    read by weights at theirs sums to exactly ``columns * WEIGHT_LEVELS`` or it saturated."""
     columns = 64
-    levels = FULL_RANGES.weight_levels
-    packed = pack(torch.full((8, columns), levels, dtype=torch.int8), torch.ones(8))
-    out = _kernel(torch.ones(1, columns), FULL_RANGES, packed)
-    exact = torch.allclose(out, torch.full_like(out, float(columns * levels)), rtol=1e-4)
-    return FULL_RANGES if exact else PAIR_SAFE_RANGES
+    packed = pack(torch.full((8, columns), WEIGHT_LEVELS, dtype=torch.int8), torch.ones(8))
+    out = _kernel(torch.ones(1, columns), FULL_RANGE, packed)
+    exact = torch.allclose(out, torch.full_like(out, float(columns * WEIGHT_LEVELS)), rtol=1e-4)
+    return FULL_RANGE if exact else PAIR_SAFE_RANGE
 
 
-def _kernel(rows: torch.Tensor, ranges: IntegerRanges, packed: torch.ScriptObject) -> torch.Tensor:
-    """fbgemm's product of float rows in [-1, 1], quantized with ``ranges``' fixed scale."""
+def _kernel(
+    rows: torch.Tensor, inputs: ActivationRange, packed: torch.ScriptObject
+) -> torch.Tensor:
+    """fbgemm's product of float rows in [-1, 1], quantized with ``inputs``' fixed scale."""
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        rows, ranges.activation_scale, ranges.zero_point, packed
+        rows, inputs.scale, inputs.zero_point, packed
     )
 
 
@@ -120,7 +121,7 @@ def quantize_rows(
     weight: torch.Tensor, factors: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 values [N, K], float32 scales [N]) of ``weight * factors`` (columns scaled): each
-    row scaled so its peak is this CPU's ``integer_ranges().weight_levels``."""
+    row scaled so its peak is WEIGHT_LEVELS."""
     values = torch.empty(weight.shape, dtype=torch.int8)
     scales = torch.empty(weight.shape[0], dtype=torch.float32)
     with torch.no_grad():
@@ -128,7 +129,7 @@ def quantize_rows(
             rows = weight[start : start + CHUNK_ROWS].float()
             if factors is not None:
                 rows = rows * factors
-            scale = rows.abs().amax(dim=1) / integer_ranges().weight_levels
+            scale = rows.abs().amax(dim=1) / WEIGHT_LEVELS
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             values[start : start + CHUNK_ROWS] = torch.round(rows / scale[:, None]).to(torch.int8)
             scales[start : start + CHUNK_ROWS] = scale
@@ -155,15 +156,15 @@ def int8_product(
     ``divisors`` undo the weight's smoothing; ``spikes`` quantizes a row's large values apart."""
     x = x * divisors if divisors is not None else x.clone()  # a copy: it is divided in place
     peak = x.abs().amax(dim=-1, keepdim=True).clamp_(min=TINY)  # a max is exact in any order
-    ranges = integer_ranges()
+    inputs = activation_range()
     if not spikes:
-        return _kernel(x.div_(peak), ranges, packed).mul_(peak)
+        return _kernel(x.div_(peak), inputs, packed).mul_(peak)
     # the row clipped to +-bound, quantized by bound; what sticks out, quantized by its own peak
     bound = peak * SPIKE_SHARE
     clipped = torch.clamp(x, -bound, bound)
     bounds = torch.cat([bound, peak - bound])
     both = torch.cat([clipped, x.sub_(clipped)]).div_(bounds)
-    out = _kernel(both, ranges, packed).mul_(bounds)
+    out = _kernel(both, inputs, packed).mul_(bounds)
     rows = x.shape[0]
     return out[:rows].add_(out[rows:])
 

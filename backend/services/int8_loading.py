@@ -131,7 +131,7 @@ def _peaks_file(source: TargetSource, calibration: list[list[int]]) -> Path:
         "files": files_fingerprint(source.display),
         "calibration": hashlib.sha256(json.dumps(calibration).encode()).hexdigest(),
         "smoothing": [int8_linear.SMOOTHING, int8_linear.SPIKE_SHARE],
-        "ranges": int8_linear.integer_ranges().to_json(),
+        "activations": int8_linear.activation_range().to_json(),
         "torch": torch.__version__,
     }
     return cache_home() / "int8-peaks" / f"{key_digest(key)}.safetensors"

@@ -85,7 +85,7 @@ def test_the_product_is_the_integer_arithmetic_with_nothing_overflowing(spikes: 
     """The kernel's output equals the same rounding done in float64 (rows at their peak, weights
     at theirs): on a CPU whose kernel saturates 16-bit pair sums, ranges that overflow would
     miss by far more than float rounding."""
-    ranges = int8_linear.integer_ranges()
+    inputs = int8_linear.activation_range()
     generator = torch.Generator().manual_seed(4)
     weight = torch.randn(64, 512, generator=generator)
     weight[:, ::2] = weight[:, ::2].sign() * weight.abs().amax()  # every other column at its peak
@@ -96,11 +96,11 @@ def test_the_product_is_the_integer_arithmetic_with_nothing_overflowing(spikes: 
 
     def integer_product(rows: torch.Tensor) -> torch.Tensor:
         peak = rows.abs().amax(dim=-1, keepdim=True)
-        levels = torch.round(rows / peak / ranges.activation_scale).clamp(
-            -ranges.zero_point, 255 - ranges.zero_point
+        levels = torch.round(rows / peak / inputs.scale).clamp(
+            -inputs.zero_point, 255 - inputs.zero_point
         )
         out = levels.double() @ values.double().T
-        return out * ranges.activation_scale * scales.double() * peak.double()
+        return out * inputs.scale * scales.double() * peak.double()
 
     if spikes:
         bound = x.abs().amax(dim=-1, keepdim=True) * int8_linear.SPIKE_SHARE
