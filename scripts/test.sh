@@ -16,4 +16,7 @@ grep -v "^WARNING: Location" .cache/side-venvs.log || true
 [ "$side_status" = 0 ] || { echo "side venvs failed (log: .cache/side-venvs.log)" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (pytest-xdist), each test file whole on one of them, so a file's module fixtures
+# (a Gemma load, a vLLM server) are built once; the tests themselves run torch on one thread.
+# EAGLECHAT_TEST_WORKERS=0 runs them in this process.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${EAGLECHAT_TEST_WORKERS:-2}" --dist loadfile "$@"
