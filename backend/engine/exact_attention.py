@@ -58,10 +58,13 @@ def exact_attention_forward(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **options)
     scale = options.get("scaling") or query.shape[-1] ** -0.5
     softcap = options.get("softcap")
-    visible = _visible(attention_mask, rows, key.shape[2], options.get("sliding_window"))
+    if attention_mask is None:  # causal, maybe windowed: every row's keys are one run
+        runs = _causal_runs(rows, key.shape[2], options.get("sliding_window"))
+    else:
+        visible = _visible(attention_mask, key.shape[2])
+        runs = _runs(visible)
     kv_heads, head_dim = key.shape[1], key.shape[3]
     groups = query.shape[1] // kv_heads
-    runs = _runs(visible)
     out = []
     for row in range(rows):
         if runs[row] is not None:  # one run of keys (steps, chains, windows): read in place
@@ -93,15 +96,17 @@ def _runs(visible: torch.Tensor) -> list[tuple[int, int] | None]:
     ]
 
 
-def _visible(mask: torch.Tensor | None, rows: int, keys: int, window: int | None) -> torch.Tensor:
-    """Which keys each query row sees: the mask's zeros (True in a bool mask), else causal
-    over the last ``rows`` positions, within ``window`` when one is given."""
-    if mask is not None:
-        block = mask[0, 0, :, :keys] if mask.dim() == 4 else mask[:, :keys]
-        return block if block.dtype == torch.bool else block == 0
-    position = torch.arange(keys)
-    last = (keys - rows + torch.arange(rows))[:, None]  # each row's own position
-    seen = position[None, :] <= last
-    if window is not None:
-        seen &= position[None, :] > last - window
-    return seen
+def _causal_runs(rows: int, keys: int, window: int | None) -> list[tuple[int, int] | None]:
+    """Per query row (the last ``rows`` positions), the run of keys up to its own, the last
+    ``window`` of them when one is given: no mask to read, so no tensor work per call."""
+    runs: list[tuple[int, int] | None] = []
+    for row in range(rows):
+        stop = keys - rows + row + 1  # past the row's own position
+        runs.append((max(0, stop - window) if window is not None else 0, stop))
+    return runs
+
+
+def _visible(mask: torch.Tensor, keys: int) -> torch.Tensor:
+    """Which keys each query row sees: the mask's zeros (True in a bool mask)."""
+    block = mask[0, 0, :, :keys] if mask.dim() == 4 else mask[:, :keys]
+    return block if block.dtype == torch.bool else block == 0

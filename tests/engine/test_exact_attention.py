@@ -51,3 +51,23 @@ def test_a_window_limits_what_a_step_sees() -> None:
     last, _ = exact_attention_forward(None, query, key[:, :, -5:], value[:, :, -5:], None)
     assert torch.equal(windowed, last)
     assert EXACT_ROWS >= 64  # trees up to 64 nodes stay exact
+
+
+def test_rows_without_a_mask_see_what_a_causal_mask_shows_them() -> None:
+    """A chain of rows given no mask (causal over the last rows, maybe windowed) gives the
+    bits of the same call with that causal mask written out."""
+    generator = torch.Generator().manual_seed(2)
+    rows, keys = 4, 12
+    query = torch.randn(1, 2, rows, 8, generator=generator)
+    key = torch.randn(1, 2, keys, 8, generator=generator)
+    value = torch.randn(1, 2, keys, 8, generator=generator)
+    positions = torch.arange(keys)
+    own = (keys - rows + torch.arange(rows))[:, None]
+    for window in (None, 3, 20):
+        seen = positions[None, :] <= own
+        if window is not None:
+            seen &= positions[None, :] > own - window
+        mask = torch.zeros(1, 1, rows, keys).masked_fill(~seen, torch.finfo(torch.float32).min)
+        plain, _ = exact_attention_forward(None, query, key, value, None, sliding_window=window)
+        masked, _ = exact_attention_forward(None, query, key, value, mask)
+        assert torch.equal(plain, masked), window
