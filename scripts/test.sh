@@ -19,4 +19,5 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO
 # Two workers (pytest-xdist), each test file whole on one of them, so a file's module fixtures
 # (a Gemma load, a vLLM server) are built once; the tests themselves run torch on one thread.
 # EAGLECHAT_TEST_WORKERS=0 runs them in this process.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${EAGLECHAT_TEST_WORKERS:-2}" --dist loadfile "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider \
+    -n "${EAGLECHAT_TEST_WORKERS:-2}" --dist loadfile "$@"
