@@ -8,12 +8,15 @@ bench does not know (read from its ``--help``) are left out of its command and n
 report. A round's ratio is EAGLE's tokens/s here over REV's on the same prompts, with a 90%
 interval from resampling the prompts in pairs; vanilla's ratio beside it shows how far the two
 processes' machine differed. The noise rule then reads as for any ratio: the median over the
-rounds and every round's interval.
+rounds and every round's interval. The speedup ratio (each side's EAGLE over its own vanilla,
+interleaved in one process, here over there) takes the machine's drift between the two cold
+runs out, which on a shared machine can be as large as the effect being measured.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -48,7 +51,7 @@ def run_ab(revision: str, count: int, argv: list[str], out: Path) -> int:
         }
         rounds.append(compare(results["ours"], results[THEIRS]))
     table = {"revision": revision, "dropped_for_theirs": dropped, "rounds": rounds}
-    for method in ("eagle", "vanilla"):
+    for method in ("eagle", "vanilla", "speedup"):
         table[f"median_{method}"] = statistics.median(r[method]["ratio"] for r in rounds)
     (out / "ab.json").write_text(json.dumps(table, indent=1) + "\n")
     text = ab_markdown(table, " ".join(["python launch.py", *argv]))
@@ -85,7 +88,32 @@ def compare(ours: BenchResult, theirs: BenchResult) -> dict[str, dict]:
             "ratio": speeds[0] / speeds[1] if speeds[1] > 0 else 0.0,
             "interval": ratio_interval(merged, method, [f"{THEIRS} {method}"]),
         }
+    table["speedup"] = {
+        "ratio": _speedup_ratio([p.runs for p in paired]),
+        "interval": _speedup_interval([p.runs for p in paired]),
+    }
     return table
+
+
+def _speedup_ratio(rows: list[dict]) -> float:
+    """EAGLE's speedup over vanilla here, over the same there, each pooled over ``rows``."""
+
+    def speedup(prefix: str) -> float:
+        vanilla = pooled_tokens_per_s(row[f"{prefix}vanilla"] for row in rows)
+        eagle = pooled_tokens_per_s(row[f"{prefix}eagle"] for row in rows)
+        return eagle / vanilla if vanilla > 0 else 0.0
+
+    there = speedup(f"{THEIRS} ")
+    return speedup("") / there if there > 0 else 0.0
+
+
+def _speedup_interval(rows: list[dict], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The speedup ratio's 90% interval over prompts resampled with replacement, in pairs."""
+    rng = random.Random(seed)
+    ratios = sorted(
+        _speedup_ratio([rows[rng.randrange(len(rows))] for _ in rows]) for _ in range(draws)
+    )
+    return ratios[int(0.05 * (draws - 1))], ratios[int(0.95 * (draws - 1))]
 
 
 def ab_markdown(table: dict, command: str) -> str:
@@ -93,16 +121,17 @@ def ab_markdown(table: dict, command: str) -> str:
         f"A/B of `{command}` against revision {table['revision']}: cold runs alternated, "
         "tokens/s here over there on the same prompts (90% interval over resampled prompt pairs).",
         "",
-        "| round | EAGLE here | EAGLE there | EAGLE ratio | vanilla ratio |",
-        "|---|---|---|---|---|",
+        "| round | EAGLE here | EAGLE there | EAGLE ratio | vanilla ratio | speedup ratio |",
+        "|---|---|---|---|---|---|",
     ]
     for index, entry in enumerate(table["rounds"], start=1):
         eagle, vanilla = entry["eagle"], entry["vanilla"]
         lines.append(
             f"| {index} | {eagle['ours_tokens_per_s']:.1f} | {eagle['theirs_tokens_per_s']:.1f} "
-            f"| {_ratio(eagle)} | {_ratio(vanilla)} |"
+            f"| {_ratio(eagle)} | {_ratio(vanilla)} | {_ratio(entry['speedup'])} |"
         )
-    lines.append(f"| median | | | {table['median_eagle']:.3f} | {table['median_vanilla']:.3f} |")
+    medians = " | ".join(f"{table[f'median_{m}']:.3f}" for m in ("eagle", "vanilla", "speedup"))
+    lines.append(f"| median | | | {medians} |")
     if table["dropped_for_theirs"]:
         lines += [
             "",

@@ -62,7 +62,8 @@ def test_ab_alternates_cold_runs_and_reports_paired_ratios(tmp_path, monkeypatch
     assert table["median_vanilla"] == pytest.approx(1.0)
     assert table["dropped_for_theirs"] == ["--drafts", "head"]
     markdown = (tmp_path / "out" / "ab.md").read_text()
-    assert "| median | | | 1.250 | 1.000 |" in markdown and "`--drafts`" in markdown
+    assert table["median_speedup"] == pytest.approx(1.25)  # the same vanilla on both sides
+    assert "| median | | | 1.250 | 1.000 | 1.250 |" in markdown and "`--drafts`" in markdown
 
 
 def test_paired_intervals_follow_the_prompts() -> None:
@@ -78,6 +79,26 @@ def test_paired_intervals_follow_the_prompts() -> None:
         prompt.prompt = dataclasses.replace(prompt.prompt, question_id="other")
     with pytest.raises(ConfigError, match="share no prompt"):
         compare(ours, strangers)
+
+
+def test_the_speedup_ratio_takes_the_machines_drift_out() -> None:
+    """Their whole run on a machine 1.5x slower (every method alike): tokens/s ratios read 1.5,
+    while each side's EAGLE over its own vanilla is the same."""
+    ours, theirs = hand_made(), hand_made()
+    for prompt in theirs.prompts:
+        for method, run in prompt.runs.items():
+            prompt.runs[method] = dataclasses.replace(run, seconds=run.seconds * 1.5)
+    table = compare(ours, theirs)
+    assert table["eagle"]["ratio"] == pytest.approx(1.5)
+    assert table["vanilla"]["ratio"] == pytest.approx(1.5)
+    assert table["speedup"]["ratio"] == pytest.approx(1.0)
+    low, high = table["speedup"]["interval"]
+    assert low == pytest.approx(1.0) and high == pytest.approx(1.0)
+    faster = ours.prompts[0].runs["eagle"]  # our EAGLE gains on one prompt: the interval widens
+    ours.prompts[0].runs["eagle"] = dataclasses.replace(faster, seconds=faster.seconds / 2)
+    table = compare(ours, theirs)
+    low, high = table["speedup"]["interval"]
+    assert 1.0 <= low <= table["speedup"]["ratio"] <= high and low < high
 
 
 def test_unknown_options_are_dropped_with_their_values() -> None:
