@@ -302,8 +302,11 @@ def demo_reply(backend, prompt: str) -> str:
 
 
 def ask(page, prompt: str):
-    page.click("#chat-clear")
-    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=bot]')")
+    if page.locator("#chatbot [data-testid=bot]").count():
+        # the reply's bubbles go in the clear's response, which also empties the message box:
+        # once they are gone, no late response can empty the prompt typed next
+        page.click("#chat-clear")
+        page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=bot]')")
     send(page, prompt)
     page.wait_for_function(
         "() => document.querySelector('#accept-stats').innerText.includes('Finished')"
