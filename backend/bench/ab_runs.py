@@ -16,7 +16,6 @@ runs out, which on a shared machine can be as large as the effect being measured
 from __future__ import annotations
 
 import json
-import random
 import re
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from backend.bench.cold_runs import cold_run, without
-from backend.bench.report import pooled_tokens_per_s, ratio_interval
+from backend.bench.report import pooled_tokens_per_s, ratio_interval, resampled_interval
 from backend.bench.runner import BenchResult, PromptResult
 from backend.errors import ConfigError
 
@@ -88,9 +87,10 @@ def compare(ours: BenchResult, theirs: BenchResult) -> dict[str, dict]:
             "ratio": speeds[0] / speeds[1] if speeds[1] > 0 else 0.0,
             "interval": ratio_interval(merged, method, [f"{THEIRS} {method}"]),
         }
+    rows = [p.runs for p in paired]
     table["speedup"] = {
-        "ratio": _speedup_ratio([p.runs for p in paired]),
-        "interval": _speedup_interval([p.runs for p in paired]),
+        "ratio": _speedup_ratio(rows),
+        "interval": resampled_interval(rows, _speedup_ratio),
     }
     return table
 
@@ -105,15 +105,6 @@ def _speedup_ratio(rows: list[dict]) -> float:
 
     there = speedup(f"{THEIRS} ")
     return speedup("") / there if there > 0 else 0.0
-
-
-def _speedup_interval(rows: list[dict], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """The speedup ratio's 90% interval over prompts resampled with replacement, in pairs."""
-    rng = random.Random(seed)
-    ratios = sorted(
-        _speedup_ratio([rows[rng.randrange(len(rows))] for _ in rows]) for _ in range(draws)
-    )
-    return ratios[int(0.05 * (draws - 1))], ratios[int(0.95 * (draws - 1))]
 
 
 def ab_markdown(table: dict, command: str) -> str:

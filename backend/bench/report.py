@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.bench.context_ceiling import LONGEST
 from backend.bench.runner import FLOAT_BASELINE, LLAMA_CPP, ROW_ORDER, BenchResult, MethodRun
 from backend.engine.calibration import CostModel
 from backend.engine.stats import slow_reasons
 from backend.events import acceptance_per_depth, average_acceptance_length
+
+T = TypeVar("T")  # a row that resampled_interval draws
 
 LABELS = {
     "vanilla": "vanilla",
@@ -114,18 +116,30 @@ def ratio_interval(
     rows = [p.runs for p in result.prompts if all(m in p.runs for m in (method, *against))]
     if not against or len(rows) < 2:
         return None
-    rng = random.Random(seed)
-    shares = []
-    for _ in range(draws):
-        sample = [rows[rng.randrange(len(rows))] for _ in rows]
+
+    def share(sample: list[dict[str, MethodRun]]) -> float | None:
         speed = {m: pooled_tokens_per_s(run[m] for run in sample) for m in (method, *against)}
         best = max(speed[m] for m in against)
-        if best > 0:
-            shares.append(speed[method] / best)
-    shares.sort()
-    if not shares:
+        return speed[method] / best if best > 0 else None
+
+    return resampled_interval(rows, share, draws, seed)
+
+
+def resampled_interval(
+    rows: list[T], statistic: Callable[[list[T]], float | None], draws: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A 90% interval of ``statistic`` over ``rows`` resampled with replacement (a draw it
+    scores None is left out); None when it scores none."""
+    rng = random.Random(seed)
+    values = []
+    for _ in range(draws):
+        value = statistic([rows[rng.randrange(len(rows))] for _ in rows])
+        if value is not None:
+            values.append(value)
+    values.sort()
+    if not values:
         return None
-    return shares[int(0.05 * (len(shares) - 1))], shares[int(0.95 * (len(shares) - 1))]
+    return values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
 
 
 def pooled_tokens_per_s(runs: Iterable[MethodRun]) -> float:
