@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from backend.config import DraftSources, TreeConfig
 from backend.engine.calibration import CostModel
 from backend.engine.context_drafts import matched_length
-from backend.engine.replay import covers
+from backend.engine.replay import Drafted, covers, decide
 
 # The head's shapes on offer (total tokens incl. the root / depth / top-k): chains, and trees
-# from narrow to wide. Sampled drafts are drawn as chains (drafter.py): a second sampled branch
-# mostly re-draws what the first covered.
+# from narrow to wide. Sampled drafts are chains: a second sampled branch re-draws the first.
 HEAD_SHAPES = tuple(
     TreeConfig(total_tokens=n, depth=d, top_k=k)
     for n, d, k in [(depth + 1, depth, 1) for depth in range(1, 9)]
@@ -54,7 +53,7 @@ class Arm:
         return self.head is not None or self.context > 0
 
     def covers(self, other: Arm) -> bool:
-        """Whether this arm verifies every draft of ``other`` too, so accepts at least as much."""
+        """Whether a round of this arm tells what ``other`` would have accepted (replay.py)."""
         heads = other.head is None or (self.head is not None and covers(self.head, other.head))
         return heads and other.context <= self.context and other.chains <= self.chains
 
@@ -101,11 +100,11 @@ class ArmStats:
 
 @dataclass(slots=True)
 class _Pending:
-    """A round whose context candidates the text has not decided for every context option."""
+    """A round whose head drafts or context candidates the text has not decided for every arm."""
 
-    start: int  # where the candidates would have continued the text
+    start: int  # where the drafts would have continued the text
     candidates: list[tuple[int, ...]]
-    replayed: dict[TreeConfig | None, int]  # accepted head drafts of the covered head shapes
+    replayed: dict[TreeConfig | None, int | Drafted | None]  # replay.py's, by covered shape
     hit: bool  # the round came right after a context hit
     options: set[tuple[int, int]]  # (length, chains) of the context options still to teach
     decided: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -159,7 +158,7 @@ class TreePolicy:
             option.append((arm, self.stats[arm], below))
         self.ratio = FadingMean(mean=1.0)  # real / calibrated round time
         self.hit = False  # the last round's context candidate held its first token
-        self._pending: list[_Pending] = []  # rounds whose context candidates are undecided
+        self._pending: list[_Pending] = []  # rounds whose drafts the text has not decided
         # the longest chains and most of them that any arm carries: what a round looks up
         self.context_request = (max(a.context for a in arms), max(a.chains for a in arms))
         self._random = random.Random(seed)
@@ -224,7 +223,7 @@ class TreePolicy:
     def observe(
         self,
         arm: Arm,
-        replayed: dict[TreeConfig | None, int],
+        replayed: dict[TreeConfig | None, int | Drafted | None],
         candidates: list[tuple[int, ...]],
         text: Sequence[int],
         start: int,
@@ -245,17 +244,19 @@ class TreePolicy:
         self.settle(text)
 
     def settle(self, text: Sequence[int], final: bool = False) -> None:
-        """Teach each arm a pending round's outcome once the text has decided its context
-        candidates as far as the arm's chains reach (``final``: the reply ended, take what the
-        text shows). An arm's reference covers fewer of them, so is decided by then too."""
+        """Teach each arm a pending round's outcome once the text has decided its head drafts
+        and its context candidates as far as its chains reach (``final``: the reply ended, take
+        what the text shows). Its reference covers fewer of them, so is decided by then too."""
         for pending in self._pending:
+            if not decide(pending.replayed, text, pending.start, final):
+                continue
             for option in [
                 o for o in pending.options if pending.context(*o, text, final) is not None
             ]:
                 for arm, stats, below in self._by_option[option]:
                     tokens = pending.accepted(arm, text, final)
-                    if tokens is not None:
-                        base = pending.accepted(below, text, final) if below else 0.0
+                    base = pending.accepted(below, text, final) if below else 0.0
+                    if tokens is not None and base is not None:
                         stats.gains[pending.hit and arm.context > 0].add(tokens - base)
                 pending.options.discard(option)
         self._pending = [pending for pending in self._pending if pending.options]

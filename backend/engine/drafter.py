@@ -26,7 +26,7 @@ import torch
 from backend.config import SamplingConfig, TreeConfig
 from backend.engine import kv
 from backend.engine.sampling import draw, processed_probs
-from backend.engine.tree import DraftTree, static_levels
+from backend.engine.tree import Candidates, DraftTree, static_levels
 from models.heads.base import DraftHead
 
 
@@ -140,7 +140,6 @@ class EagleDrafter:
         width = min(config.top_k, root_logp.numel())
         first = root_logp.topk(width)
         cand_tokens, cand_scores = [first.indices], [first.values]
-        cand_ranks = [torch.arange(width, device=self.device)]
         cand_parents = [torch.full((width,), -1, device=self.device)]
         cand_depths = [torch.ones(width, dtype=torch.long, device=self.device)]
         frontier = torch.arange(width, device=self.device)  # global candidate indices
@@ -157,7 +156,6 @@ class EagleDrafter:
             scores = (frontier_scores[:, None] + top.values).flatten()  # [F*k]
             cand_tokens.append(top.indices.flatten())
             cand_scores.append(scores)
-            cand_ranks.append(torch.arange(width, device=self.device).repeat(frontier.numel()))
             cand_parents.append(frontier.repeat_interleave(width))
             cand_depths.append(torch.full_like(scores, depth + 1, dtype=torch.long))
             best = scores.topk(width).indices  # next frontier among F*k children
@@ -181,12 +179,13 @@ class EagleDrafter:
             chosen,
             num_candidates,
         )
-        zero = torch.zeros(1, device=self.device)
-        return dataclasses.replace(
-            tree,
-            ranks=torch.cat([zero.long(), torch.cat(cand_ranks)[chosen]]),
-            scores=torch.cat([zero, scores[chosen].float()]),
+        candidates = Candidates(
+            width,
+            self.head.to_target_ids(torch.cat(cand_tokens)),
+            torch.cat(cand_parents),
+            scores.float(),
         )
+        return dataclasses.replace(tree, candidates=candidates)
 
     def _propose_sampled(
         self,

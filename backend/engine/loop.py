@@ -193,7 +193,7 @@ class Decoding:
         """The reply's summary; ``costs`` let the slow-speed hint price the verified trees."""
         total = now(self.target.device) - self.start
         if self.policy is not None:  # the context drafts the reply left undecided
-            self.policy.settle(self.context.tokens if self.context else (), final=True)
+            self.policy.settle(self._text(), final=True)
         text = self.reply.text() if self.reply is not None else ""
         hint = explain(self.stats, costs) if self.drafter is not None else ""
         reason = self.stop_reason or "cancelled"
@@ -211,8 +211,13 @@ class Decoding:
         they would start: every round looks them up, so the tuner scores them even when the
         round does not carry them."""
         if self.context is None:
-            return [], 0
-        return self.context.continuations(*self.policy.context_request), len(self.context.tokens)
+            return [], len(self._text())
+        return self.context.continuations(*self.policy.context_request), len(self._text())
+
+    def _text(self) -> Sequence[int]:
+        """The text so far, as the context index holds it (the prompt first) or the reply
+        alone: what decides the drafts of earlier rounds."""
+        return self.context.tokens if self.context is not None else self.produced
 
     def _teach(
         self,
@@ -225,12 +230,12 @@ class Decoding:
     ) -> None:
         """Tell the policy what every arm would have accepted this round and how long this one
         took; a round whose head first caught up with rounds it sat out is no lesson on time."""
-        correct = None if acceptance.correct is None else acceptance.correct[: head_tree.size]
         head_accepted = sum(node < head_tree.size for node in acceptance.accepted_nodes)
-        replayed = replay_heads(arm.head, self.policy.heads, head_tree, correct, head_accepted)
+        greedy = self.config.sampling.greedy
+        replayed = replay_heads(arm.head, self.policy.heads, head_tree, head_accepted, greedy)
         catch_up = arm.head is not None and self.head_behind
-        text = self.context.tokens if self.context is not None else ()
-        self.policy.observe(arm, replayed, candidates, text, start, None if catch_up else seconds)
+        seconds = None if catch_up else seconds
+        self.policy.observe(arm, replayed, candidates, self._text(), start, seconds)
         self.head_behind = arm.head is None
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:

@@ -1,31 +1,28 @@
-"""What smaller tree shapes would have accepted, replayed on the nodes of the tree just verified.
+"""What smaller tree shapes would have accepted, replayed on the round just verified.
 
-A greedy verification tells, for every node, whether its token is the target's choice after its
-parent. A smaller shape (fewer nodes, levels or branches per node) drafts (nearly) a subset of
-the same nodes: the draft head is deterministic, so the same root gives the same candidates and
-scores. Its accepted length is then the deepest node of that subset whose whole path is right.
-This measures every smaller shape on every round, so the tuner compares shapes by what they
-actually accept instead of extrapolating one acceptance rate per level.
+The draft head is deterministic, so a smaller shape (fewer nodes, levels or branches per node)
+drafted from the same root would have scored the same candidates. The drafter keeps every
+candidate it scored (``DraftTree.candidates``), kept in the tree or not, so the shape's own
+tree is rebuilt from them as the drafter builds it: each level's K best children of the K best
+nodes of the level above, then the N - 1 best of all by cumulative score.
 
-The subset of shape (N, D, K): nodes at depth <= D whose path only takes the head's K best
-children at every level, then the N - 1 best of those by cumulative score (how the drafter
-selects). The drafter also prunes each level to its K best-scored nodes before expanding them;
-that pruning is not replayed, so a replayed narrow shape may keep a node the real one would not
-have drafted (an optimistic estimate only for shapes much narrower than the verified one).
+Which of those drafts the target accepts is read from the reply itself: at temperature 0 the
+target's choices do not depend on what was drafted, so a shape accepts the longest of its paths
+that the reply goes on to write. A node the round did not verify is judged once the reply has
+gone that far, so every shape's count is exact, not only for the nodes both trees share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from dataclasses import dataclass
 
 from backend.config import TreeConfig
 from backend.engine.tree import DraftTree
 
 
 def covers(verified: TreeConfig, candidate: TreeConfig) -> bool:
-    """Whether ``candidate``'s nodes are (approximately) a subset of ``verified``'s."""
+    """Whether a round verifying ``verified`` scored every candidate ``candidate`` drafts."""
     return (
         candidate.total_tokens <= verified.total_tokens
         and candidate.depth <= verified.depth
@@ -33,55 +30,87 @@ def covers(verified: TreeConfig, candidate: TreeConfig) -> bool:
     )
 
 
-def replay_accepted(
-    tree: DraftTree, correct: torch.Tensor, candidates: Sequence[TreeConfig]
-) -> list[int]:
-    """Accepted drafts each candidate shape would have had on this round (greedy decoding).
+@dataclass(frozen=True, slots=True)
+class Drafted:
+    """One shape's drafts on a round, as token paths after the root (closed under parents)."""
 
-    ``correct[i]``: node i's token is the target's choice after its parent (root True). Plain
-    Python: the trees are small, and this runs on every round."""
-    if not candidates:
-        return []
-    parents, depths, verdicts = tree.parents.tolist(), tree.depths.tolist(), correct.tolist()
-    right = [True] * len(parents)  # every node on the path is the target's choice
-    for node in range(1, len(parents)):  # parents precede children
-        right[node] = verdicts[node] and right[parents[node]]
-    if tree.ranks is None or tree.scores is None:  # a chain: shapes keep a prefix
-        reach = max(depth for depth, ok in zip(depths, right) if ok)
-        return [min(reach, c.depth, c.total_tokens - 1) for c in candidates]
-    ranks, scores = tree.ranks.tolist(), tree.scores.float().tolist()
-    widest = [ranks[0]] * len(parents)  # the largest rank on the path, the node's own included
-    for node in range(1, len(parents)):
-        widest[node] = max(widest[parents[node]], ranks[node])
-    best_first = sorted(range(1, len(parents)), key=lambda node: -scores[node])  # stable
-    reached = []
-    for shape in candidates:
-        kept, deepest = 0, 0
-        for node in best_first:  # the drafter keeps the N - 1 best-scored eligible nodes
-            if kept == shape.total_tokens - 1:
+    paths: frozenset[tuple[int, ...]]
+    depth: int  # of the longest path
+
+    def accepted(self, text: Sequence[int], start: int, final: bool) -> int | None:
+        """Drafts accepted: the longest path the reply ``text`` writes from ``start`` on; None
+        while the reply is too short to tell (``final``: it ended, take what it shows)."""
+        reached = 0
+        while reached < self.depth:
+            if start + reached >= len(text):
+                return reached if final else None
+            if tuple(text[start : start + reached + 1]) not in self.paths:
                 break
-            if depths[node] <= shape.depth and widest[node] < shape.top_k:
-                kept += 1
-                deepest = max(deepest, depths[node]) if right[node] else deepest
-        reached.append(deepest)
-    return reached
+            reached += 1
+        return reached
+
+
+def drafted(tree: DraftTree, shape: TreeConfig) -> Drafted | None:
+    """The drafts ``shape`` would have made from ``tree``'s root; None when a node it would
+    expand was not expanded by ``tree``'s shape (a wider level can rank it out)."""
+    pool = tree.candidates
+    assert pool is not None and shape.top_k <= pool.width, "a wider top-k tree's candidates"
+    tokens, parents, scores = pool.token_ids.tolist(), pool.parents.tolist(), pool.scores.tolist()
+    block = {parents[first]: first for first in range(0, len(parents), pool.width)}
+    width, by_score = shape.top_k, lambda node: -scores[node]
+    level = list(range(width))  # the root's best children
+    scored, frontier = list(level), level
+    for _ in range(1, shape.depth):
+        if any(node not in block for node in frontier):
+            return None
+        level = [child for node in frontier for child in range(block[node], block[node] + width)]
+        scored += level
+        frontier = sorted(level, key=by_score)[:width]  # stable, as the drafter's topk
+    return _paths(tokens, parents, sorted(sorted(scored, key=by_score)[: shape.total_tokens - 1]))
+
+
+def _paths(tokens: list[int], parents: list[int], nodes: list[int], root: int = -1) -> Drafted:
+    """The token paths from ``root`` to ``nodes`` (closed under parents, a parent first)."""
+    paths: dict[int, tuple[int, ...]] = {root: ()}
+    for node in nodes:
+        paths[node] = paths[parents[node]] + (tokens[node],)
+    del paths[root]
+    return Drafted(frozenset(paths.values()), max(map(len, paths.values()), default=0))
+
+
+def decide(
+    replayed: dict[TreeConfig | None, int | Drafted | None],
+    text: Sequence[int],
+    start: int,
+    final: bool,
+) -> bool:
+    """Count, in place, the accepted drafts of every shape the reply ``text`` has decided;
+    whether it has decided them all (``final``: it ended, take what it shows)."""
+    undecided = False
+    for shape, drafts in replayed.items():
+        if isinstance(drafts, Drafted):
+            count = drafts.accepted(text, start, final)
+            replayed[shape] = drafts if count is None else count
+            undecided |= count is None
+    return not undecided
 
 
 def replay_heads(
     verified: TreeConfig | None,
     shapes: Sequence[TreeConfig],
     tree: DraftTree,
-    correct: torch.Tensor | None,
     accepted: int,
-) -> dict[TreeConfig | None, int]:
-    """Accepted drafts of every shape among ``shapes`` that a round verifying ``verified`` (the
-    head's ``tree``; None: no head drafts) covers, and 0 for no head drafts at all: replayed
-    from the greedy verdicts (``correct``, the head's nodes), else as a chain's prefixes of its
-    ``accepted`` drafts (sampled chains)."""
+    greedy: bool,
+) -> dict[TreeConfig | None, int | Drafted | None]:
+    """Every shape among ``shapes`` that a round verifying ``verified`` (the head's ``tree``;
+    None: no head drafts) covers, and 0 for no head drafts at all: its drafts, whose accepted
+    count the reply decides (greedy decoding), else a chain's prefixes of the ``accepted``
+    drafts (sampled chains). A chain's own prefixes are decided at once."""
     covered = [s for s in shapes if verified is not None and covers(verified, s)]
-    replayed: dict[TreeConfig | None, int] = {None: 0}
-    if covered and correct is not None:
-        replayed.update(zip(covered, replay_accepted(tree, correct, covered)))
+    replayed: dict[TreeConfig | None, int | Drafted | None] = {None: 0}
+    if greedy and tree.candidates is not None:
+        own = _paths(tree.token_ids.tolist(), tree.parents.tolist(), list(range(1, tree.size)), 0)
+        replayed.update((s, own if s == verified else drafted(tree, s)) for s in covered)
     else:
         replayed.update((s, min(accepted, s.depth)) for s in covered)
     return replayed

@@ -54,6 +54,18 @@ EAGLE1_STATIC_PATHS: tuple[tuple[int, ...], ...] = (
 
 
 @dataclass(frozen=True, slots=True)
+class Candidates:
+    """A top-k tree's candidates in the order the drafter scored them: blocks of ``width``
+    children per expanded node (the root's first), each block in rank order (the head's best
+    first), a parent's block before its children's."""
+
+    width: int  # children per expanded node
+    token_ids: torch.Tensor  # [C] long, target vocabulary
+    parents: torch.Tensor  # [C] long, the parent's candidate index; -1 for the root
+    scores: torch.Tensor  # [C] float, cumulative draft log-prob
+
+
+@dataclass(frozen=True, slots=True)
 class DraftTree:
     token_ids: torch.Tensor  # [N] long, target vocabulary; [0] is the root
     parents: torch.Tensor  # [N] long, parent node index; -1 for the root
@@ -63,10 +75,9 @@ class DraftTree:
     # were drawn from, over the columns' target ids. None = deterministic (top-k) drafts.
     proposal_probs: torch.Tensor | None = None  # [N, Vd] float
     proposal_ids: torch.Tensor | None = None  # [Vd] long, target id of each column
-    # Top-k trees only: each node's rank among its parent's candidates (0 = the head's best)
-    # and its cumulative draft log-prob; the tuner replays smaller shapes from them (replay.py).
-    ranks: torch.Tensor | None = None  # [N] long, 0 for the root
-    scores: torch.Tensor | None = None  # [N] float, 0 for the root
+    # Top-k trees only: every candidate the drafter scored, kept or not; the tuner rebuilds
+    # what smaller shapes would have drafted from them (replay.py).
+    candidates: Candidates | None = None
     # Per node, HEAD | CONTEXT bits: who proposed it (0 for the root). None = the head alone.
     sources: tuple[int, ...] | None = None
 
@@ -143,8 +154,8 @@ class DraftTree:
     def with_chains(self, chains: Sequence[Sequence[int]]) -> DraftTree:
         """This tree with context ``chains`` (token ids after the root) merged in: each chain
         follows the existing nodes it repeats and continues as new nodes, appended after the
-        head's, so the head's nodes keep their indices (the head's own tree, with its ranks
-        and scores, is what replay.py reads)."""
+        head's, so the head's nodes keep their indices (the head's own tree, with its
+        candidates, is what replay.py reads)."""
         tokens, parents = self.token_ids.tolist(), self.parents.tolist()
         depths = self.depths.tolist()
         sources = list(self.sources or (0,) + (HEAD,) * (self.size - 1))

@@ -66,13 +66,16 @@ class CyclingPolicy(TreePolicy):
 
 
 def run_arms(
-    runner, drafter, prompt, arms: Sequence[Arm], **config
+    runner, drafter, prompt, arms: Sequence[Arm], policy: TreePolicy | None = None, **config
 ) -> tuple[GenerationSummary, list[RoundCompleted]]:
-    """One generation whose rounds take ``arms`` in turn (GenerationConfig's auto tree)."""
+    """One generation whose rounds take ``arms`` in turn (GenerationConfig's auto tree), or
+    whatever ``policy`` (a CyclingPolicy of them) chooses."""
     stops = StopSpec(eos_ids=frozenset(config.pop("eos_ids", ())))
     engine = Engine(runner, drafter, stops=stops, costs=FLAT_COSTS)
     generation = GenerationConfig(**config)
-    engine.policies[not generation.sampling.greedy, generation.drafts] = CyclingPolicy(arms)
+    engine.policies[not generation.sampling.greedy, generation.drafts] = policy or CyclingPolicy(
+        arms
+    )
     events = list(engine.generate(prompt, generation))
     assert isinstance(events[-1], Finished), events[-1]
     return events[-1].summary, [e for e in events if isinstance(e, RoundCompleted)]
