@@ -76,11 +76,11 @@ suite() {
         gemma-int8)
             bash scripts/side-venvs.sh llama-cpp
             bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$PROSE" \
-                --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
+                --limit 4 --no-prompt-lookup "${COLD[@]}" ;;
         gemma-int8-wiki)
             bash scripts/side-venvs.sh llama-cpp
             bench "$1" --pair gemma3-270m --quantize int8 --peer llama.cpp --prompts "$WIKI" \
-                --limit 4 --no-prompt-lookup "${ONCE[@]}" ;;
+                --limit 4 --no-prompt-lookup "${COLD[@]}" ;;
         gemma-load)  # three cold loads, each timing the round costs afresh; a short reply each
             bench "$1" --pair gemma3-270m --prompts repeats --limit 1 --max-new-tokens 16 \
                 --drafts head --no-prompt-lookup --cold-runs 3 --repeats 1 ;;
