@@ -210,9 +210,10 @@ class Decoding:
         """Continuations of the text (the root included) copied from earlier in it, and where
         they would start: every round looks them up, so the tuner scores them even when the
         round does not carry them."""
+        start = len(self._text())
         if self.context is None:
-            return [], len(self._text())
-        return self.context.continuations(*self.policy.context_request), len(self._text())
+            return [], start
+        return self.context.continuations(*self.policy.context_request), start
 
     def _text(self) -> Sequence[int]:
         """The text so far, as the context index holds it (the prompt first) or the reply

@@ -50,13 +50,35 @@ class Drafted:
         return reached
 
 
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """A top-k tree's candidates as plain lists, read once per round for all its shapes."""
+
+    width: int
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    block: dict[int, int]  # an expanded node's first child
+
+    @classmethod
+    def of(cls, tree: DraftTree) -> _Pool:
+        pool = tree.candidates
+        assert pool is not None, "a top-k tree's candidates"
+        parents = pool.parents.tolist()
+        block = {parents[first]: first for first in range(0, len(parents), pool.width)}
+        return cls(pool.width, pool.token_ids.tolist(), parents, pool.scores.tolist(), block)
+
+
 def drafted(tree: DraftTree, shape: TreeConfig) -> Drafted | None:
     """The drafts ``shape`` would have made from ``tree``'s root; None when a node it would
     expand was not expanded by ``tree``'s shape (a wider level can rank it out)."""
-    pool = tree.candidates
-    assert pool is not None and shape.top_k <= pool.width, "a wider top-k tree's candidates"
-    tokens, parents, scores = pool.token_ids.tolist(), pool.parents.tolist(), pool.scores.tolist()
-    block = {parents[first]: first for first in range(0, len(parents), pool.width)}
+    return _rebuild(_Pool.of(tree), shape)
+
+
+def _rebuild(pool: _Pool, shape: TreeConfig) -> Drafted | None:
+    """``drafted`` on candidates already read."""
+    assert shape.top_k <= pool.width, "a wider top-k tree's candidates"
+    block, scores = pool.block, pool.scores
     width, by_score = shape.top_k, lambda node: -scores[node]
     level = list(range(width))  # the root's best children
     scored, frontier = list(level), level
@@ -66,7 +88,8 @@ def drafted(tree: DraftTree, shape: TreeConfig) -> Drafted | None:
         level = [child for node in frontier for child in range(block[node], block[node] + width)]
         scored += level
         frontier = sorted(level, key=by_score)[:width]  # stable, as the drafter's topk
-    return _paths(tokens, parents, sorted(sorted(scored, key=by_score)[: shape.total_tokens - 1]))
+    kept = sorted(sorted(scored, key=by_score)[: shape.total_tokens - 1])
+    return _paths(pool.tokens, pool.parents, kept)
 
 
 def _paths(tokens: list[int], parents: list[int], nodes: list[int], root: int = -1) -> Drafted:
@@ -110,7 +133,8 @@ def replay_heads(
     replayed: dict[TreeConfig | None, int | Drafted | None] = {None: 0}
     if greedy and tree.candidates is not None:
         own = _paths(tree.token_ids.tolist(), tree.parents.tolist(), list(range(1, tree.size)), 0)
-        replayed.update((s, own if s == verified else drafted(tree, s)) for s in covered)
+        pool = _Pool.of(tree)
+        replayed.update((s, own if s == verified else _rebuild(pool, s)) for s in covered)
     else:
         replayed.update((s, min(accepted, s.depth)) for s in covered)
     return replayed

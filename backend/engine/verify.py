@@ -33,8 +33,6 @@ class Acceptance:
     accepted_nodes: tuple[int, ...]  # tree node indices along the accepted path, root excluded
     token_ids: tuple[int, ...]  # accepted draft tokens followed by the bonus token
     bonus_token_id: int
-    # greedy only: [N] bool, node i's token is the target's choice after its parent (root True)
-    correct: torch.Tensor | None = None
 
     @property
     def num_accepted_drafts(self) -> int:
@@ -59,7 +57,7 @@ def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Acceptance:
     path = ancestors[best].nonzero().flatten().tolist()[1:]  # ascending = root to best
     tokens = tree.token_ids[path].tolist() if path else []
     bonus = int(predicted[best])
-    return Acceptance(tuple(path), tuple(tokens) + (bonus,), bonus, correct)
+    return Acceptance(tuple(path), tuple(tokens) + (bonus,), bonus)
 
 
 def sample_accept(
